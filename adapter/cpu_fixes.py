@@ -1,0 +1,74 @@
+"""Two faults of the CPU build of vLLM 0.32 that stop EAGLE-3 on a Kimi-K2.5 (MLA) target.
+
+Each fix is guarded by the vLLM version it was read against: on any other version it is not applied and
+the plugin says so, so an upgrade re-checks instead of patching code that has moved.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger("kimi_eagle.adapter")
+
+FIXED_VERSIONS = ("0.32.0",)
+CPU_ATTN_BLOCK_SIZES_16 = 16
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def applies_here() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() and vllm_version() in FIXED_VERSIONS
+
+
+def cpu_attention_block_sizes(kv_cache_spec=None) -> list:
+    from vllm.v1.attention.backend import MultipleOf
+
+    return [CPU_ATTN_BLOCK_SIZES_16, MultipleOf(32)]
+
+
+def enable_block_size_16() -> None:
+    """Target (CPU_MLA: block size 16 only) and draft (CPU_ATTN: multiples of 32) share one KV-cache group,
+    and vLLM refuses to start ("No common block size for 16"). CPU_ATTN's kernel has a 16-wide path
+    (`_get_attn_isa` returns "vec16" for such blocks), so it can honestly advertise 16 as well."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(cpu_attention_block_sizes)
+
+
+def expand_kernel(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
+                  replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:  # noqa: N803 - the kernel's name
+    """Repeat each request's value over its tokens, in the output's own dtype.
+
+    Replaces `cpu_triton_utils._expand_kernel_impl`, which hands the int64-only C++ op an int64 *copy* of a
+    float32 output (so per-token temperatures, top-k and top-p are never written: uninitialised memory) and
+    truncates float inputs (0.7 -> 0). Upstream: vllm-project/vllm issue 55005."""
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+    values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()].copy_(expanded)
+
+
+def enable_correct_expand() -> None:
+    """Must run before the CPU platform registers its kernel overrides: the worker loads general plugins
+    first and then reads `cpu_triton_utils._expand_kernel_impl` by name."""
+    from vllm.utils import cpu_triton_utils
+
+    cpu_triton_utils._expand_kernel_impl = expand_kernel
+
+
+def apply() -> bool:
+    if not applies_here():
+        logger.info("kimi-eagle: CPU fixes not applied (vLLM %s; fixed versions %s, CPU only)",
+                    vllm_version(), FIXED_VERSIONS)
+        return False
+    enable_block_size_16()
+    enable_correct_expand()
+    return True

@@ -1,0 +1,97 @@
+"""`kimi-eagle serve` and `kimi-eagle fixtures`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from serve.command import CommandError, build_command, validate_with_vllm
+from serve.launch import ServerStartError, start, stop, wait_healthy
+from serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a profile with vLLM's OpenAI-compatible server",
+                       description="Serve target + EAGLE-3 draft from a profile. Anything after `--` goes to vLLM "
+                                   "unchanged and overrides the profile's flags.")
+    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE,
+                   help=f"profile name ({', '.join(available_profiles())}) or a YAML path")
+    p.add_argument("--target", help="target checkpoint folder (overrides the profile)")
+    p.add_argument("--draft", help="EAGLE-3 draft folder (overrides the profile)")
+    p.add_argument("--no-draft", action="store_true", help="serve the target alone, without speculation")
+    p.add_argument("--num-speculative-tokens", "-k", type=int, help="draft tokens per step (overrides the profile)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; others need an API key)")
+    p.add_argument("--port", type=int, help="port (default from the profile)")
+    p.add_argument("--api-key", help="require this key from clients (or set VLLM_API_KEY)")
+    p.add_argument("--dry-run", action="store_true", help="print the vLLM command, validated by vLLM's parser, and exit")
+    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health (default 600)")
+    p.set_defaults(handler=run_serve)
+
+
+def _fail(message: str) -> int:
+    print(f"kimi-eagle serve: {message}", file=sys.stderr)
+    return 2
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    extra = args.passthrough
+    try:
+        profile = load_profile(args.profile)
+        command = build_command(profile, target=args.target, draft=args.draft, no_draft=args.no_draft,
+                                num_speculative_tokens=args.num_speculative_tokens, host=args.host,
+                                port=args.port, api_key=args.api_key, extra_args=extra)
+        validate_with_vllm(command)
+    except (ProfileError, CommandError) as exc:
+        return _fail(str(exc))
+    from serve.preflight import preflight
+
+    if not preflight(command):
+        return _fail("pre-flight found problems that would make the draft run crippled (above); "
+                     "fix them, or run `kimi-eagle doctor` for the full report")
+    if args.dry_run:
+        print(command.printable())
+        return 0
+    print(f"Starting vLLM: {command.printable()}", file=sys.stderr, flush=True)
+    process = start(command)
+    # Ctrl-C reaches our process only (the server runs in its own session): forward it as a clean stop.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        waited = wait_healthy(process, command.url, args.ready_timeout, api_key=command.api_key)
+        print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}"
+              f"{'  draft: ' + command.draft if command.draft else '  (no speculation)'}", flush=True)
+        process.wait()
+        return process.returncode or 0
+    except ServerStartError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        print("\nStopping vLLM ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        stop(process)
+
+
+def add_fixtures_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fixtures", help="the tiny Kimi-K2.5 model pair shipped with the project")
+    p.add_argument("--where", action="store_true", help="print target=DIR and draft=DIR")
+    p.add_argument("--rebuild", action="store_true",
+                   help="train the pair again from the local corpus (about an hour on 2 cores)")
+    p.add_argument("--work", type=Path, default=Path(".fixtures-work"), help="scratch folder for --rebuild")
+    p.set_defaults(handler=run_fixtures)
+
+
+def run_fixtures(args: argparse.Namespace) -> int:
+    from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+
+    if args.rebuild:
+        from fixtures.build import rebuild
+
+        rebuild(args.work)
+    if args.where or not args.rebuild:
+        missing = [str(d) for d in (TARGET_DIR, DRAFT_DIR) if not (d / "model.safetensors").is_file()]
+        if missing:
+            print(f"missing: {', '.join(missing)}: run `kimi-eagle fixtures --rebuild`", file=sys.stderr)
+            return 1
+        print(f"target={TARGET_DIR}\ndraft={DRAFT_DIR}")
+    return 0

@@ -1,0 +1,77 @@
+"""Start vLLM's own OpenAI-compatible server for a profile, wait until it answers, stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from serve.command import ServeCommand
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy; the message holds the end of its log."""
+
+
+def _log_tail(log_path: Path | None, lines: int = 25) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start(command: ServeCommand, log_path: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, **command.env}
+    out = open(log_path, "w") if log_path else None  # noqa: SIM115 - owned by the child process
+    # A new session, so that one signal reaches the API server and every engine process it started.
+    return subprocess.Popen(command.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                            start_new_session=True)
+
+
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, log_path: Path | None = None,
+                 api_key: str | None = None) -> float:
+    """Poll /health until it answers 200; fail fast if the process exits. Returns the seconds waited."""
+    started = time.monotonic()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    while time.monotonic() - started < timeout_s:
+        if process.poll() is not None:
+            raise ServerStartError(f"vLLM exited with code {process.returncode} before it was ready.\n"
+                                   f"{_log_tail(log_path)}")
+        try:
+            if requests.get(f"{url}/health", timeout=2, headers=headers).status_code == 200:
+                return time.monotonic() - started
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise ServerStartError(f"vLLM did not answer {url}/health within {timeout_s:.0f}s.\n{_log_tail(log_path)}")
+
+
+def stop(process: subprocess.Popen, grace_s: float = 20) -> None:
+    """SIGINT -> wait -> SIGKILL, to the whole process group (API server, engine core, workers)."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def running_server(command: ServeCommand, log_path: Path | None = None, timeout_s: float = 300) -> Iterator[float]:
+    """Run the server for the duration of the block; yields the seconds it took to become healthy."""
+    process = start(command, log_path)
+    try:
+        yield wait_healthy(process, command.url, timeout_s, log_path, command.api_key)
+    finally:
+        stop(process)

@@ -1,0 +1,70 @@
+"""Serving profiles (`serve/profiles/*.yaml`): what to serve, and with which vLLM flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = "tiny-cpu"
+FIXTURE_PREFIX = "fixture:"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file and the fix."""
+
+
+class Speculative(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["eagle3"] = Field("eagle3", description="vLLM's speculative method; EAGLE-3 drafts only.")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens proposed per step (k).")
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str
+    needs: str = Field(description="The hardware the profile needs, for humans.")
+    target: str = Field(description="Target checkpoint: a folder, a hub name, or `fixture:target`.")
+    draft: str | None = Field(None, description="EAGLE-3 draft folder (speculators format), or `fixture:draft`.")
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    trust_remote_code: bool = Field(False, description="Only where the target needs it (the real Kimi-K2.5).")
+    speculative: Speculative = Field(default_factory=Speculative)
+    vllm_args: dict[str, Any] = Field(default_factory=dict, description="vLLM CLI flags without the leading --.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for the vLLM processes.")
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"no profile {name_or_path!r}: known profiles are {', '.join(available_profiles())} "
+                           f"(or give the path of a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text())
+        return Profile.model_validate(data)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise ProfileError(f"profile {path} is not valid: {exc}") from None
+
+
+def resolve_model_path(ref: str) -> str:
+    """`fixture:target` / `fixture:draft` -> the shipped tiny pair; anything else is used as given."""
+    if not ref.startswith(FIXTURE_PREFIX):
+        return ref
+    from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+
+    paths = {"target": TARGET_DIR, "draft": DRAFT_DIR}
+    which = ref.removeprefix(FIXTURE_PREFIX)
+    if which not in paths:
+        raise ProfileError(f"unknown fixture {ref!r}: use fixture:target or fixture:draft")
+    return str(paths[which])
