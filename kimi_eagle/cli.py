@@ -6,13 +6,17 @@ import argparse
 import sys
 
 
+SUBCOMMAND_MODULES = ("serve.cli", "doctor.cli", "loadtest.cli", "serve.sglang_cli", "bench.cli")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kimi-eagle", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    from serve import cli as serve_cli
+    import importlib
 
-    serve_cli.add_serve_parser(sub)
-    serve_cli.add_fixtures_parser(sub)
+    # Each part of the project registers its own subcommands; the order is the order of `--help`.
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     argv = sys.argv[1:] if argv is None else argv
     # Everything after the first `--` belongs to vLLM, untouched by our parser.
     passthrough: list[str] = []

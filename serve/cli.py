@@ -12,6 +12,11 @@ from serve.launch import ServerStartError, start, stop, wait_healthy
 from serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
 
 
+def register(sub: argparse._SubParsersAction) -> None:
+    add_serve_parser(sub)
+    add_fixtures_parser(sub)
+
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a profile with vLLM's OpenAI-compatible server",
                        description="Serve target + EAGLE-3 draft from a profile. Anything after `--` goes to vLLM "

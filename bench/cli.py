@@ -1,0 +1,9 @@
+"""Placeholder: this subcommand is being written."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to `kimi-eagle`."""

@@ -1,0 +1,56 @@
+"""Shared fixtures. Real vLLM servers are started once per session and shared by every test that needs one."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from serve.command import build_command
+from serve.launch import running_server
+from serve.profile import load_profile
+
+RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "shared" / "recordings" / "sglang-0.5.23-cpu"
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str  # http://127.0.0.1:PORT, without /v1
+    model: str
+    log: Path
+    ready_s: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(tmp_dir: Path, name: str, **overrides) -> Iterator[Server]:
+    command = build_command(load_profile("tiny-cpu"), port=free_port(), **overrides)
+    log = tmp_dir / f"{name}.log"
+    with running_server(command, log_path=log, timeout_s=600) as ready_s:
+        yield Server(url=command.url, model=command.served_model_name, log=log, ready_s=ready_s)
+
+
+@pytest.fixture(scope="session")
+def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default profile: tiny Kimi-K2.5 target + trained EAGLE-3 draft, k=3, float32."""
+    yield from _serve(tmp_path_factory.mktemp("spec"), "spec")
+
+
+@pytest.fixture(scope="session")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The same target without speculation."""
+    yield from _serve(tmp_path_factory.mktemp("plain"), "plain", no_draft=True)
+
+
+@pytest.fixture(scope="session")
+def sglang_recordings() -> Path:
+    if not RECORDINGS_DIR.is_dir():
+        pytest.fail(f"the SGLang recordings are missing: expected {RECORDINGS_DIR} (../shared beside the checkout)")
+    return RECORDINGS_DIR
