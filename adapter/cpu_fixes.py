@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-logger = logging.getLogger("kimi_eagle.adapter")
+logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
 FIXED_VERSIONS = ("0.32.0",)
 CPU_ATTN_BLOCK_SIZES_16 = 16
@@ -56,11 +56,24 @@ def expand_kernel(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: 
     output[: expanded.numel()].copy_(expanded)
 
 
+_upstream_expand = None
+
+
+def upstream_expand_kernel():
+    """vLLM's own CPU expand, whether or not the fix has replaced it (tests show why the fix exists)."""
+    from vllm.utils import cpu_triton_utils
+
+    return _upstream_expand or cpu_triton_utils._expand_kernel_impl
+
+
 def enable_correct_expand() -> None:
     """Must run before the CPU platform registers its kernel overrides: the worker loads general plugins
     first and then reads `cpu_triton_utils._expand_kernel_impl` by name."""
+    global _upstream_expand
     from vllm.utils import cpu_triton_utils
 
+    if cpu_triton_utils._expand_kernel_impl is not expand_kernel:
+        _upstream_expand = cpu_triton_utils._expand_kernel_impl
     cpu_triton_utils._expand_kernel_impl = expand_kernel
 
 

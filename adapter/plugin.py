@@ -1,9 +1,19 @@
 """The `vllm.general_plugins` entry point. vLLM calls it in every process it starts (API server, engine
-core, workers), possibly more than once per process, so everything here is idempotent."""
+core, workers), possibly more than once per process, so everything here is idempotent.
+
+`KIMI_EAGLE_RUNTIME_CHECKS=0` turns off the draft guards and the acceptance alarm (the CPU fixes stay: without
+them the pair cannot run); `make bench` uses it to measure what the checks cost.
+"""
 
 from __future__ import annotations
 
+import os
+
 _registered = False
+
+
+def runtime_checks_enabled() -> bool:
+    return os.environ.get("KIMI_EAGLE_RUNTIME_CHECKS", "1") != "0"
 
 
 def register() -> None:
@@ -14,3 +24,8 @@ def register() -> None:
     from adapter import cpu_fixes
 
     cpu_fixes.apply()
+    if runtime_checks_enabled():
+        from adapter import acceptance_alarm, draft_guard
+
+        draft_guard.install()
+        acceptance_alarm.install()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 SUBCOMMAND_MODULES = ("serve.cli", "doctor.cli", "loadtest.cli", "serve.sglang_cli", "bench.cli")
 
 

@@ -30,7 +30,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1; others need an API key)")
     p.add_argument("--port", type=int, help="port (default from the profile)")
     p.add_argument("--api-key", help="require this key from clients (or set VLLM_API_KEY)")
-    p.add_argument("--dry-run", action="store_true", help="print the vLLM command, validated by vLLM's parser, and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the vLLM command, validated by vLLM's parser, and exit")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health (default 600)")
     p.set_defaults(handler=run_serve)
 

@@ -1,0 +1,68 @@
+"""The vLLM plugin: registered by entry point, idempotent, and each CPU fix proven against upstream's behaviour."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from serve.command import build_command
+from serve.launch import ServerStartError, running_server
+from serve.profile import load_profile
+from tests.conftest import free_port
+
+
+def test_plugin_is_a_vllm_general_plugin() -> None:
+    names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert names.get("kimi_eagle") == "adapter.plugin:register"
+
+
+def test_register_twice_is_harmless() -> None:
+    from adapter import plugin
+
+    plugin.register()
+    plugin.register()
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    assert 16 in CPUAttentionBackend.get_supported_kernel_block_sizes()
+
+
+def _expand_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    temperatures = torch.tensor([0.8, 0.5, 1.0], dtype=torch.float32)
+    cu_num_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)
+    return temperatures, cu_num_tokens, torch.full((6,), -123.0)
+
+
+def test_upstream_cpu_expand_still_loses_its_output() -> None:
+    """Why the patch exists. If this starts failing, upstream fixed issue 55005: drop `enable_correct_expand`."""
+    import vllm._C  # noqa: F401 - registers torch.ops._C
+
+    from adapter.cpu_fixes import upstream_expand_kernel
+
+    upstream = upstream_expand_kernel()
+    temperatures, cu, out = _expand_inputs()
+    upstream(out, temperatures, cu, 0, 1)
+    assert torch.all(out == -123.0)
+
+
+def test_fixed_expand_writes_every_token_in_its_dtype() -> None:
+    from adapter.cpu_fixes import expand_kernel
+
+    temperatures, cu, out = _expand_inputs()
+    expand_kernel(out, temperatures, cu, 0.5, 0.7)
+    assert out.tolist() == pytest.approx([0.8, 0.8, 0.7, 0.7, 0.7, 1.0])
+    top_k = torch.zeros(6, dtype=torch.int32)
+    expand_kernel(top_k, torch.tensor([5, 0, 9], dtype=torch.int32), cu, 0, 4096)
+    assert top_k.tolist() == [5, 5, 4096, 4096, 4096, 9]
+
+
+@pytest.mark.e2e
+def test_engine_refuses_the_pair_without_the_plugin(tmp_path) -> None:
+    """With no plugin loaded (VLLM_PLUGINS="" allows none), vLLM 0.32 cannot start target + draft on CPU."""
+    command = build_command(load_profile("tiny-cpu"), port=free_port())
+    command.env["VLLM_PLUGINS"] = ""
+    log = tmp_path / "no-plugin.log"
+    with pytest.raises(ServerStartError), running_server(command, log_path=log, timeout_s=600):
+        pass
+    assert "No common block size for 16" in log.read_text()
