@@ -48,7 +48,7 @@ def run_serve(args: argparse.Namespace) -> int:
         command = build_command(profile, target=args.target, draft=args.draft, no_draft=args.no_draft,
                                 num_speculative_tokens=args.num_speculative_tokens, host=args.host,
                                 port=args.port, api_key=args.api_key, extra_args=extra)
-        validate_with_vllm(command)
+        report = validate_with_vllm(command)
     except (ProfileError, CommandError) as exc:
         return _fail(str(exc))
     from serve.preflight import preflight
@@ -57,6 +57,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return _fail("pre-flight found problems that would make the draft run crippled (above); "
                      "fix them, or run `kimi-eagle doctor` for the full report")
     if args.dry_run:
+        print(report.render(), file=sys.stderr)  # stdout keeps only the command, for scripts
         print(command.printable())
         return 0
     print(f"Starting vLLM: {command.printable()}", file=sys.stderr, flush=True)

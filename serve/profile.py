@@ -45,7 +45,7 @@ def available_profiles() -> list[str]:
 
 def load_profile(name_or_path: str) -> Profile:
     path = Path(name_or_path)
-    if not path.suffix:
+    if path.suffix not in (".yaml", ".yml"):  # names have dots too: kimi-k2.5-h200x8
         path = PROFILES_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ProfileError(f"no profile {name_or_path!r}: known profiles are {', '.join(available_profiles())} "
