@@ -1,9 +1,189 @@
-"""Placeholder: this subcommand is being written."""
+"""`kimi-eagle loadtest` (Locust against one server, or a sweep) and `kimi-eagle ab` (two servers in turn)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from loadtest.engines import ENGINES, EngineError, get_engine
+from loadtest.prompts import PromptError, load_prompts, shipped_sets
+from loadtest.runner import LoadTestError, LocustRun, run_locust
+from loadtest.summary import RunSummary
+from loadtest.workload import Workload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add this module's subcommands to `kimi-eagle`."""
+    """Add `loadtest` and `ab` to `kimi-eagle`."""
+    p = sub.add_parser("loadtest", help="drive a running server with Locust and report latency, throughput and "
+                                        "speculative acceptance", description=__doc__)
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--engine", default="vllm", choices=sorted(ENGINES), help="engine behind the URL")
+    _workload_args(p)
+    p.add_argument("--users", default="1", help="concurrent users; a comma list sweeps them (1,2,4)")
+    p.add_argument("--request-rate", default="", help="open loop: total req/s (Poisson); a comma list sweeps")
+    p.add_argument("--out", type=Path, help="results folder (default results/loadtest-<time>)")
+    p.add_argument("--label", help="name of the run in the report")
+    p.set_defaults(handler=run_loadtest)
+
+    ab = sub.add_parser("ab", help="the same Locust workload against two servers in turn, side by side",
+                        description="Runs A B A B ... (--rounds) with the same prompts, seed and output lengths, "
+                                    "and writes DIR/report.md with ratios B/A and fairness checks.")
+    ab.add_argument("--a", required=True, metavar="URL", help="server A")
+    ab.add_argument("--a-engine", default="vllm", choices=sorted(ENGINES))
+    ab.add_argument("--b", required=True, metavar="URL", help="server B")
+    ab.add_argument("--b-engine", default="vllm", choices=sorted(ENGINES))
+    ab.add_argument("--rounds", type=int, default=2, help="rounds per side (2+ for verdicts; default 2)")
+    _workload_args(ab)
+    ab.add_argument("--users", type=int, default=1, help="concurrent users (same for both sides)")
+    ab.add_argument("--request-rate", type=float, default=None, help="open loop: total req/s")
+    ab.add_argument("--out", type=Path, help="results folder (default results/ab-<time>)")
+    ab.set_defaults(handler=run_ab)
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--model", help="model name (default: the first of /v1/models)")
+    g.add_argument("--api", default="completions", choices=["completions", "chat"])
+    g.add_argument("--no-stream", action="store_true", help="do not stream (then no TTFT/ITL)")
+    g.add_argument("--prompts", help=f"shipped set ({', '.join(shipped_sets())}) or a JSONL file; "
+                                     "default <api>-short")
+    g.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
+    g.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
+    g.add_argument("--logprob-token-counts", action="store_true",
+                   help="count tokens per chunk from logprobs, for servers that send no per-chunk usage")
+    g.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompt order")
+    g.add_argument("--ttft-limit-ms", type=float, help="goodput: TTFT limit")
+    g.add_argument("--tpot-limit-ms", type=float, help="goodput: TPOT limit")
+    g.add_argument("--run-time", default="30s", help="per run, Locust syntax (30s, 2m; default 30s)")
+    g.add_argument("--spawn-rate", type=float, default=10.0, help="users started per second")
+    g.add_argument("--max-requests", type=int, help="stop sending after this many requests")
+    g.add_argument("--workers", type=int, default=0, help="Locust distributed mode: a master and N workers")
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"kimi-eagle {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _workload(args: argparse.Namespace, url: str, engine: str, rate: float | None) -> Workload:
+    workload = Workload(url=url, engine=engine, model=args.model, api=args.api, stream=not args.no_stream,
+                        prompts=args.prompts, max_tokens=args.max_tokens, ignore_eos=not args.no_ignore_eos,
+                        temperature=args.temperature, seed=args.seed, ttft_limit_ms=args.ttft_limit_ms,
+                        tpot_limit_ms=args.tpot_limit_ms, request_rate_per_s=rate,
+                        logprob_token_counts=args.logprob_token_counts)
+    load_prompts(workload.prompts or "", workload.api, workload.seed)  # bad prompt files fail here, not in Locust
+    if workload.model is None:
+        workload.model = get_engine(engine, url).served_model()  # also checks that the server answers
+    return workload
+
+
+def _numbers(text: str, kind: type) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def print_summary(s: RunSummary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{s.label or s.workload.url}: {s.requests.ok} ok, {s.requests.failed} failed")
+    for column in ("figure", "mean", "p50", "p90", "p99"):
+        table.add_column(column, justify="right" if column != "figure" else "left")
+    for name, d in (("TTFT ms", s.ttft_ms), ("TPOT ms", s.tpot_ms), ("ITL/token ms", s.itl_per_token_ms),
+                    ("inter-chunk ms", s.inter_chunk_latency_ms), ("latency ms", s.e2e_latency_ms),
+                    ("tokens/chunk", s.tokens_per_chunk)):
+        cells = [f"{getattr(d, k):.2f}" if d else "n/a" for k in ("mean", "p50", "p90", "p99")]
+        table.add_row(name, *cells)
+    console = Console(stderr=True)
+    console.print(table)
+    t, a = s.throughput, s.acceptance
+    console.print(f"throughput: {t.output_tokens_per_s or 0:.1f} output tok/s, {t.requests_per_s or 0:.2f} req/s; "
+                  f"tokens match server usage: {s.tokens.per_chunk_counts_match_usage}")
+    if a is not None:
+        console.print("acceptance: no speculation" if a.speculation == "off" else
+                      f"acceptance: length {a.mean_acceptance_length}, rate {a.acceptance_rate}, per position "
+                      f"{a.per_position_acceptance_rate}")
+
+
+def run_loadtest(args: argparse.Namespace) -> int:
+    out = args.out or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
+    try:
+        users = _numbers(args.users, int)
+        rates = _numbers(args.request_rate, float) or [None]
+        if len(users) > 1 and rates != [None]:
+            return _fail("loadtest", "sweep either --users or --request-rate, not both")
+        workload = _workload(args, args.url, args.engine, None)
+    except (ValueError, PromptError, EngineError, ValidationError) as exc:
+        return _fail("loadtest", str(exc))
+    points = [(u, None) for u in users] if rates == [None] else [(users[0], r) for r in rates]
+    summaries, folders, worst = [], [], 0
+    for u, rate in points:
+        folder = out if len(points) == 1 else out / (f"rate-{rate:g}" if rate else f"users-{u}")
+        run = LocustRun(workload=workload.model_copy(update={"request_rate_per_s": rate}), out_dir=folder,
+                        users=u, spawn_rate=args.spawn_rate, run_time=args.run_time, workers=args.workers,
+                        max_requests=args.max_requests, label=args.label)
+        try:
+            code, summary = run_locust(run)
+        except LoadTestError as exc:
+            return _fail("loadtest", str(exc))
+        print_summary(summary)
+        summaries.append(summary)
+        folders.append(str(folder.relative_to(out)) if folder != out else ".")
+        worst = max(worst, code)
+    if len(points) > 1:
+        from loadtest.files import write_atomic, write_model
+        from loadtest.report import plot_sweep, sweep_markdown
+        from loadtest.summary import SweepSummary
+
+        write_model(out / "summary.json", SweepSummary(points=summaries, folders=folders))
+        plot_sweep(summaries, out / "throughput.png")
+        write_atomic(out / "report.md", sweep_markdown(summaries, folders))
+    print(f"results: {out}/summary.json, {out}/report.md")
+    return worst
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    from loadtest.ab import AbSummary, SideRounds, fairness_checks, write_ab
+
+    if args.rounds < 1:
+        return _fail("ab", "--rounds must be at least 1 (2 or more for verdicts)")
+    out = args.out or Path("results") / time.strftime("ab-%Y%m%d-%H%M%S")
+    try:
+        sides = {"A": _workload(args, args.a, args.a_engine, args.request_rate),
+                 "B": _workload(args, args.b, args.b_engine, args.request_rate)}
+    except (ValueError, PromptError, EngineError, ValidationError) as exc:
+        return _fail("ab", str(exc))
+    rounds: dict[str, list[RunSummary]] = {"A": [], "B": []}
+    folders: dict[str, list[str]] = {"A": [], "B": []}
+    worst = 0
+    for r in range(1, args.rounds + 1):
+        for side, workload in sides.items():
+            folder = f"round{r}-{side}"
+            run = LocustRun(workload=workload, out_dir=out / folder, users=args.users, spawn_rate=args.spawn_rate,
+                            run_time=args.run_time, workers=args.workers, max_requests=args.max_requests,
+                            label=f"{side} round {r}")
+            try:
+                code, summary = run_locust(run)
+            except LoadTestError as exc:
+                return _fail("ab", f"{side} round {r}: {exc}")
+            print_summary(summary)
+            rounds[side].append(summary)
+            folders[side].append(folder)
+            worst = max(worst, code)
+    summary = AbSummary(
+        a=SideRounds(url=args.a, engine=args.a_engine, rounds=rounds["A"], folders=folders["A"]),
+        b=SideRounds(url=args.b, engine=args.b_engine, rounds=rounds["B"], folders=folders["B"]),
+        fairness=fairness_checks(rounds["A"][-1].server_config, rounds["B"][-1].server_config, rounds["A"],
+                                 rounds["B"]))
+    for check in summary.fairness:
+        print(f"fairness: {check.setting}: A={check.a} B={check.b}: {check.verdict}")
+    write_ab(out, summary)
+    print(f"report: {out}/report.md")
+    return worst

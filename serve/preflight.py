@@ -9,11 +9,27 @@ from serve.command import ServeCommand
 
 
 def preflight(command: ServeCommand) -> bool:
-    """True when the pair may be served. Prints every finding that is not OK."""
+    """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
+    from adapter.checks import Severity, refusal_message, run_static_checks
+
     if command.draft is None:
         return True
-    for path in (command.target, command.draft):
-        if not Path(path).exists():
-            print(f"pre-flight: {path} does not exist", file=sys.stderr)
-            return False
+    draft = Path(command.draft)
+    if not draft.exists():
+        print(f"pre-flight: the draft {draft} does not exist", file=sys.stderr)
+        return False
+    target = Path(command.target)
+    if not target.is_dir():
+        # a hub name: vLLM downloads it; the checks against it need the files here
+        print(f"pre-flight: {command.target} is not a local folder: the checks against the target are skipped",
+              file=sys.stderr)
+    findings = [f for f in run_static_checks(draft, target if target.is_dir() else None) if f.applies_to("vllm")]
+    for f in findings:
+        if f.severity == Severity.WARNING:
+            print(f"pre-flight warning [{f.code}] {f.title}: found {f.found}; expected {f.expected}. Fix: {f.fix}",
+                  file=sys.stderr)
+    message = refusal_message(findings, engine="vllm")
+    if message:
+        print(message, file=sys.stderr)
+        return False
     return True

@@ -159,7 +159,7 @@ def test_t1_acceptance_follows_target_probabilities(spec_server: Server) -> None
     print(f"T=1 per-position acceptance: measured {[round(x, 3) for x in measured]} "
           f"(mean length {measured_length:.2f}), predicted {[round(x, 3) for x in predicted]}")
     for got, want in zip(measured, predicted):
-        assert abs(got - want) <= 0.06
+        assert abs(got - want) <= 0.03  # the CPU expand fault gives 0 accepted: 0.09 off at position 1
 
 
 def test_t1_samples_follow_the_target_distribution(spec_server: Server, plain_server: Server) -> None:

@@ -1,0 +1,201 @@
+"""The draft and the target as the engines see them, from their configs (and the target's weight names).
+
+vLLM 0.32 reads a speculators-format draft through `SpeculatorsConfig`: the layer config is
+`transformer_layer_config`, plus `draft_vocab_size`, `target_hidden_size`, the norm options and the top-level
+`eagle_aux_hidden_state_layer_ids` (see `vllm/transformers_utils/configs/speculators/algos.py`). A flat config
+(SGLang's layout, `architectures: ["LlamaForCausalLMEagle3"]`) is read as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adapter.checks.checkpoint import Checkpoint
+
+LAYER_NAME = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")
+
+
+def _ids(value: object) -> list[int] | None:
+    if isinstance(value, list | tuple) and value:
+        return [int(v) for v in value]
+    return None
+
+
+@dataclass
+class DraftSpec:
+    """A draft config normalised to what the engines read. `declared_*` is what the file says."""
+
+    format: str  # "speculators" or "flat"
+    model_type: str
+    architectures: list[str]
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    declared_draft_vocab_size: int | None
+    declared_target_hidden_size: int | None
+    declared_norm_before_residual: bool | None
+    norm_before_residual: bool  # as vLLM applies it
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    attention_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    use_aux_hidden_state: bool
+    embed_requires_grad: bool | None
+    top_level_ids: list[int] | None  # `eagle_aux_hidden_state_layer_ids` where vLLM's target reads it
+    eagle_config_ids: list[int] | None  # `eagle_config.eagle_aux_hidden_state_layer_ids` where vLLM reads it
+    unread_ids: list[int] | None  # ids written where no engine reads them (e.g. a speculators top-level eagle_config)
+    num_aux_hidden_states: int | None
+    verifier_architectures: list[str] = field(default_factory=list)
+    verifier_name: str | None = None
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.declared_draft_vocab_size or self.vocab_size
+
+    @property
+    def target_hidden_size(self) -> int:
+        return self.declared_target_hidden_size or self.hidden_size
+
+    @property
+    def declared_ids(self) -> list[int] | None:
+        """The ids the draft was trained with, wherever the config wrote them."""
+        return self.top_level_ids or self.eagle_config_ids or self.unread_ids
+
+    @property
+    def vllm_target_ids(self) -> list[int] | None:
+        """What vLLM's target captures (`gpu_model_runner._get_eagle3_aux_layers_from_config`); None: default."""
+        return self.top_level_ids or self.eagle_config_ids
+
+    @property
+    def vllm_fc_count(self) -> int:
+        """How many aux states vLLM sizes `fc` for (`llama_eagle3.LlamaModel.__init__`)."""
+        if self.num_aux_hidden_states is not None:
+            return self.num_aux_hidden_states
+        return len(self.eagle_config_ids) if self.eagle_config_ids else 3
+
+    @property
+    def sglang_ids(self) -> list[int] | None:
+        """SGLang 0.5.23 reads only `eagle_config.eagle_aux_hidden_state_layer_ids` of a flat config."""
+        return self.eagle_config_ids if self.format == "flat" else self.declared_ids
+
+
+class DraftConfigError(ValueError):
+    """A config that is not an EAGLE-3 draft config; the message says what it is and what is needed."""
+
+
+def draft_spec(config: dict) -> DraftSpec:
+    if "speculators_model_type" in config:
+        kind = config["speculators_model_type"]
+        if kind != "eagle3":
+            raise DraftConfigError(f"speculators_model_type is {kind!r}: this checks EAGLE-3 drafts ('eagle3') only")
+        layer = config.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            raise DraftConfigError("a speculators config needs a `transformer_layer_config` object (the draft "
+                                   "layer's Hugging Face config)")
+        fmt = "speculators"
+        # vLLM copies only these fields from the top level (speculators/algos.py::update_eagle3).
+        top_ids = (_ids(config.get("eagle_aux_hidden_state_layer_ids"))
+                   or _ids(layer.get("eagle_aux_hidden_state_layer_ids")))
+        layer_eagle = layer.get("eagle_config") or {}
+        outer_eagle = config.get("eagle_config") or {}
+        eagle_ids = _ids(layer_eagle.get("eagle_aux_hidden_state_layer_ids"))
+        unread = _ids(outer_eagle.get("eagle_aux_hidden_state_layer_ids"))
+        declared_nbr = config.get("norm_before_residual")
+        nbr = True if declared_nbr is None else bool(declared_nbr)  # vLLM's default for speculators configs
+        options = config
+        eagle_config = layer_eagle
+        verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    else:
+        layer = config
+        fmt = "flat"
+        top_ids = _ids(config.get("eagle_aux_hidden_state_layer_ids"))
+        eagle_config = config.get("eagle_config") or {}
+        eagle_ids = _ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+        unread = None
+        declared_nbr = config.get("norm_before_residual")
+        nbr = bool(declared_nbr)
+        options = config
+        verifier = {}
+    missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size") if k not in layer]
+    if missing:
+        raise DraftConfigError(f"the draft layer config lacks {', '.join(missing)}")
+    heads = int(layer["num_attention_heads"])
+    hidden = int(layer["hidden_size"])
+    return DraftSpec(
+        format=fmt,
+        model_type=str(layer.get("model_type", "llama")),
+        architectures=list(config.get("architectures") or []),
+        hidden_size=hidden,
+        num_layers=int(layer.get("num_hidden_layers", 1)),
+        num_heads=heads,
+        num_kv_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or hidden // heads),
+        intermediate_size=int(layer["intermediate_size"]),
+        vocab_size=int(layer["vocab_size"]),
+        declared_draft_vocab_size=options.get("draft_vocab_size"),
+        declared_target_hidden_size=options.get("target_hidden_size"),
+        declared_norm_before_residual=declared_nbr,
+        norm_before_residual=nbr,
+        norm_before_fc=bool(eagle_config.get("norm_before_fc", options.get("norm_before_fc", False))),
+        fc_norm=bool(options.get("fc_norm", False)),
+        norm_output=bool(options.get("norm_output", False)),
+        attention_bias=bool(layer.get("attention_bias", False)),
+        mlp_bias=bool(layer.get("mlp_bias", False)),
+        tie_word_embeddings=bool(layer.get("tie_word_embeddings", False)),
+        use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
+        embed_requires_grad=options.get("embed_requires_grad"),
+        top_level_ids=top_ids,
+        eagle_config_ids=eagle_ids,
+        unread_ids=unread,
+        num_aux_hidden_states=layer.get("num_aux_hidden_states"),
+        verifier_architectures=list(verifier.get("architectures") or []),
+        verifier_name=verifier.get("name_or_path"),
+    )
+
+
+@dataclass
+class TargetSpec:
+    folder: Path
+    architectures: list[str]
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_mtp_layers: int
+    layers_in_weights: int | None  # from the weight names; None when the folder has no safetensors
+    num_weight_tensors: int
+
+    @property
+    def default_aux_ids(self) -> list[int]:
+        """vLLM's and speculators' default: (2, L//2, L-3)."""
+        n = self.num_layers
+        return [2, n // 2, n - 3]
+
+
+def target_spec(checkpoint: Checkpoint) -> TargetSpec:
+    config = checkpoint.config
+    text = config.get("text_config") or config  # KimiK25: the DeepSeek-V3 language model's config
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k not in text]
+    if missing:
+        raise DraftConfigError(f"the target's config.json lacks {', '.join(missing)} "
+                               "(also looked in text_config)")
+    layers = {int(m.group(1)) for name in checkpoint.tensors if (m := LAYER_NAME.search(name))}
+    return TargetSpec(
+        folder=checkpoint.folder,
+        architectures=list(config.get("architectures") or []),
+        model_type=str(config.get("model_type", "")),
+        hidden_size=int(text["hidden_size"]),
+        num_layers=int(text["num_hidden_layers"]),
+        vocab_size=int(text["vocab_size"]),
+        num_mtp_layers=int(text.get("num_nextn_predict_layers") or 0),
+        layers_in_weights=max(layers) + 1 if layers else None,
+        num_weight_tensors=len(checkpoint.tensors),
+    )

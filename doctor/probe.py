@@ -1,0 +1,269 @@
+"""`doctor --probe`: run the target on calibration prompts, capture every layer's hidden state, and measure how
+often the draft's first proposal (step 0) equals the target's next token with the configured aux layer ids and
+with alternatives. The draft runs as `fixtures.draft_model.Eagle3Draft`, which computes what vLLM computes.
+
+For models that fit on this machine (the target runs in transformers, float32): the tiny Kimi-K2.5 pair.
+Offline acceptance through a real engine is not measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from adapter.checks import Finding, Severity
+from adapter.checks.checkpoint import CheckpointError, open_checkpoint
+from adapter.checks.layout import DraftConfigError, draft_spec, target_spec
+
+MAX_TARGET_PARAMS = 2_000_000_000  # a CPU probe in float32; the real Kimi-K2.5 is 1T
+CONTINUATION_TOKENS = 48
+PROMPT_TOKENS = 32  # prompts are cut to the shortest one's length, at most this
+NO_AGREEMENT = 0.05  # below this for every set of ids the draft predicts nothing (a random draft scores ~1/vocab)
+EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+class ProbeError(RuntimeError):
+    """The probe cannot run on this pair; the message says why."""
+
+
+class ProbeVariant(BaseModel):
+    label: str
+    ids: list[int]
+    agreement: float = Field(description="Share of positions where the draft's step-0 token is the target's.")
+
+
+class ProbeResult(BaseModel):
+    prompts: int
+    prompt_tokens: int = Field(description="Every prompt cut to this many tokens (the shortest prompt's length).")
+    positions: int = Field(description="Positions scored (prompt and continuation, all prompts together).")
+    configured: list[int]
+    variants: list[ProbeVariant]
+    verdict: Literal["configured ids fit best", "other ids fit better", "no agreement"]
+    engine_acceptance: str = "not measured (offline acceptance through vLLM is not run by the probe)"
+
+    def findings(self) -> list[Finding]:
+        best = max(self.variants, key=lambda v: v.agreement)
+        mine = self.variants[0]
+        if self.verdict == "no agreement":
+            return [Finding(code="probe-no-agreement", severity=Severity.WARNING,
+                            title="the draft almost never proposes the target's next token",
+                            found=f"step-0 agreement at most {best.agreement:.1%} for every set of aux ids tried "
+                                  f"({self.positions} positions)",
+                            expected=f"well above {NO_AGREEMENT:.0%} for the ids the draft was trained with",
+                            fix="the draft is untrained or was trained for another target")]
+        if self.verdict == "other ids fit better":
+            return [Finding(code="probe-ids-not-best", severity=Severity.WARNING,
+                            title="other aux layer ids fit the draft better than the configured ones",
+                            found=f"configured {mine.ids}: step-0 agreement {mine.agreement:.1%}; "
+                                  f"{best.label} {best.ids}: {best.agreement:.1%} ({self.positions} positions)",
+                            expected="the configured ids agree best (they are the ones the draft was trained with)",
+                            fix=f"check which layers the draft was trained on; try eagle_aux_hidden_state_layer_ids "
+                                f"{best.ids}")]
+        return []
+
+
+def judge(variants: list[ProbeVariant], positions: int) -> str:
+    """Other ids fit better only when they beat the configured ones by more than two standard errors."""
+    mine, best = variants[0], max(variants, key=lambda v: v.agreement)
+    if best.agreement < NO_AGREEMENT:
+        return "no agreement"
+    spread = math.sqrt((mine.agreement * (1 - mine.agreement) + best.agreement * (1 - best.agreement)) / positions)
+    return "other ids fit better" if best.agreement - mine.agreement > 2 * spread else "configured ids fit best"
+
+
+def _target_state(folder: Path) -> dict:
+    """The language model's tensors under transformers' DeepseekV3 names (experts fused as transformers 5 keeps
+    them: gate_up_proj [E, 2I, H] with the gate half first, down_proj [E, H, I])."""
+    import torch
+    from safetensors import safe_open
+
+    checkpoint = open_checkpoint(folder)
+    state: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    for info in checkpoint.tensors.values():
+        name = info.name.removeprefix("language_model.")
+        if not name.startswith(("model.", "lm_head.")):
+            continue  # vision tower, projector
+        with safe_open(str(info.file), framework="pt") as f:
+            tensor = f.get_tensor(info.name).to(torch.float32)
+        if m := EXPERT.match(name):
+            experts.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = tensor
+        else:
+            state[name] = tensor
+    for prefix in {p for p, _ in experts}:
+        gates, ups, downs = (experts[(prefix, k)] for k in ("gate_proj", "up_proj", "down_proj"))
+        state[prefix + "gate_up_proj"] = torch.stack([torch.cat([gates[e], ups[e]]) for e in sorted(gates)])
+        state[prefix + "down_proj"] = torch.stack([downs[e] for e in sorted(downs)])
+    return state
+
+
+def load_target(folder: Path):
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    checkpoint = open_checkpoint(folder)
+    text = checkpoint.config.get("text_config") or checkpoint.config
+    if text.get("model_type") != "deepseek_v3":
+        raise ProbeError(f"the probe runs DeepSeek-V3-family targets (Kimi-K2.5); this one is "
+                         f"{text.get('model_type')!r}")
+    params = sum(_numel(i.shape) for i in checkpoint.tensors.values())
+    if params > MAX_TARGET_PARAMS:
+        raise ProbeError(f"the target has {params / 1e9:.0f}B parameters: too big for a CPU probe "
+                         f"(limit {MAX_TARGET_PARAMS / 1e9:.0f}B); run it on the tiny pair")
+    config = DeepseekV3Config(**{k: v for k, v in text.items() if k not in ("model_type", "architectures", "dtype")})
+    model = DeepseekV3ForCausalLM(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(_target_state(folder), strict=False)
+    missing = [k for k in missing if "rotary" not in k]
+    if missing or unexpected:
+        raise ProbeError(f"the target's tensors do not fit DeepseekV3ForCausalLM: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    return model.eval()
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def load_draft(folder: Path, target):
+    import torch
+    from safetensors.torch import load_file
+
+    from fixtures.draft_model import Eagle3Draft
+
+    checkpoint = open_checkpoint(folder)
+    spec = draft_spec(checkpoint.config)
+    layer = checkpoint.config.get("transformer_layer_config") or checkpoint.config
+    state = {}
+    for file in {i.file for i in checkpoint.tensors.values()}:
+        state.update({k.replace("midlayer.", "layers.0."): v.to(torch.float32) for k, v in load_file(file).items()})
+    fc = state.get("fc.weight")
+    if fc is None or fc.shape[1] % spec.target_hidden_size:
+        raise ProbeError("the draft has no usable fc.weight: fix what `kimi-eagle doctor` refuses first")
+    draft = Eagle3Draft(layer, fc.shape[1] // spec.target_hidden_size, spec.target_hidden_size,
+                        spec.draft_vocab_size)
+    if "embed_tokens.weight" not in state:
+        state["embed_tokens.weight"] = target.model.embed_tokens.weight.detach().clone()
+    if "d2t" not in state:
+        state["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
+    try:
+        draft.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ProbeError(f"the draft's tensors do not fit its config ({str(exc).splitlines()[0]}): "
+                         "fix what `kimi-eagle doctor` refuses first") from None
+    return draft.eval(), fc.shape[1] // spec.target_hidden_size
+
+
+def prompt_tokens(target_dir: Path, prompts_file: Path | None) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    from doctor.calibration import CALIBRATION_PROMPTS
+
+    if prompts_file is not None:
+        prompts = [line for line in prompts_file.read_text().splitlines() if line.strip()]
+        if not prompts:
+            raise ProbeError(f"{prompts_file} holds no prompts (one a line)")
+    else:
+        prompts = CALIBRATION_PROMPTS
+    tokenizer_file = target_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ProbeError(f"{target_dir} has no tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    return [tokenizer.encode(p).ids for p in prompts]
+
+
+def capture(target, tokens):
+    """Every layer's input (ids 0..L-1), the final pre-norm state (id L) and the target's next-token argmax."""
+    import torch
+
+    layers = target.model.layers
+    states: dict[int, torch.Tensor] = {}
+    hooks = [layer.register_forward_pre_hook(
+        lambda _m, args, kwargs, i=i: states.__setitem__(i, kwargs.get("hidden_states", args[0] if args else None)),
+        with_kwargs=True) for i, layer in enumerate(layers)]
+    hooks.append(target.model.norm.register_forward_pre_hook(
+        lambda _m, args: states.__setitem__(len(layers), args[0])))
+    try:
+        logits = target(input_ids=tokens).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack([states[i] for i in range(len(layers) + 1)], dim=2), logits.argmax(-1)
+
+
+def variants(configured: list[int], num_layers: int) -> list[tuple[str, list[int]]]:
+    n = num_layers
+    candidates = [("configured", configured),
+                  ("shifted -1", [i - 1 for i in configured]),
+                  ("shifted +1", [i + 1 for i in configured]),
+                  ("default (2, L//2, L-3)", [2, n // 2, n - 3][: len(configured)]),
+                  ("one layer repeated", [configured[len(configured) // 2]] * len(configured))]
+    seen, out = set(), []
+    for label, ids in candidates:
+        if len(ids) == len(configured) and all(0 <= i <= n for i in ids) and (label == "configured"
+                                                                             or tuple(ids) not in seen):
+            seen.add(tuple(ids))
+            out.append((label, ids))
+    return out
+
+
+def probe_aux_ids(draft_dir: Path, target_dir: Path, prompts_file: Path | None = None,
+                  new_tokens: int = CONTINUATION_TOKENS) -> ProbeResult:
+    import torch
+
+    try:
+        target_info = target_spec(open_checkpoint(target_dir))
+        spec = draft_spec(open_checkpoint(draft_dir).config)
+    except (CheckpointError, DraftConfigError) as exc:
+        raise ProbeError(str(exc)) from None
+    configured = spec.vllm_target_ids or target_info.default_aux_ids
+    torch.manual_seed(0)
+    with torch.no_grad():
+        target = load_target(target_dir)
+        draft, n_aux = load_draft(draft_dir, target)
+        if n_aux != len(configured):
+            raise ProbeError(f"fc takes {n_aux} aux states but {len(configured)} ids are configured: fix the "
+                             "config first (`kimi-eagle doctor`)")
+        prompts = prompt_tokens(target_dir, prompts_file)
+        # cut to one length, so that all prompts run as one batch without padding
+        length = min(PROMPT_TOKENS, *map(len, prompts))
+        batch = torch.tensor([p[:length] for p in prompts])
+        sequence = target.generate(batch, max_new_tokens=new_tokens, do_sample=False,
+                                   attention_mask=torch.ones_like(batch))
+        states, target_next = capture(target, sequence)
+        t = sequence.shape[1] - 2  # anchors 0..T-3: the draft sees x_{t+1} and proposes for t+2
+        scores = {}
+        for label, layer_ids in variants(configured, target_info.num_layers):
+            features = states[:, :t, layer_ids].flatten(2)
+            logits = draft.unrolled(features, sequence[:, 1:], steps=1)[0]
+            proposed = draft.to_target_ids(logits.argmax(-1))
+            scores[label] = (proposed == target_next[:, 1 : t + 1]).float().mean().item()
+    results = [ProbeVariant(label=label, ids=ids, agreement=scores[label])
+               for label, ids in variants(configured, target_info.num_layers)]
+    positions = batch.shape[0] * t
+    return ProbeResult(prompts=len(prompts), prompt_tokens=length, positions=positions, configured=configured,
+                       variants=results, verdict=judge(results, positions))
+
+
+def probe_table(result: ProbeResult):
+    from rich.table import Table
+
+    table = Table(title=f"Probe: draft step-0 agreement with the target's next token ({result.prompts} prompts of "
+                        f"{result.prompt_tokens} tokens + {CONTINUATION_TOKENS} greedy, {result.positions} positions)")
+    for column in ("aux ids", "layers", "agreement"):
+        table.add_column(column)
+    best = max(v.agreement for v in result.variants)
+    for v in result.variants:
+        style = "bold green" if v.agreement == best else ""
+        table.add_row(v.label, json.dumps(v.ids), f"[{style}]{v.agreement:.1%}[/]" if style else f"{v.agreement:.1%}")
+    style = "green" if result.verdict == "configured ids fit best" else "yellow"
+    table.caption = f"[{style}]{result.verdict}[/]; {result.engine_acceptance}"
+    return table

@@ -1,0 +1,108 @@
+"""Run Locust on our locustfile as child processes (one local process, or a master and N workers) and read the
+results folder it leaves. Locust runs in its own processes: gevent's monkey-patching stays out of ours."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest.results import load_summary
+from loadtest.summary import RunSummary
+from loadtest.workload import Workload
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+
+
+class LoadTestError(RuntimeError):
+    """Locust did not produce a results folder; the message says why."""
+
+
+@dataclass
+class LocustRun:
+    workload: Workload
+    out_dir: Path
+    users: int = 1
+    spawn_rate: float = 10.0
+    run_time: str = "30s"
+    workers: int = 0
+    max_requests: int | None = None
+    stop_timeout_s: float = 120.0
+    label: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def csv_dir(self) -> Path:
+        """Locust rewrites its CSVs in place while it runs: they go here and are renamed into out_dir at the end."""
+        return self.out_dir / ".locust-csv"
+
+    def workload_args(self) -> list[str]:
+        w = self.workload
+        args = ["-f", str(LOCUSTFILE), "--host", w.url, "--engine", w.engine, "--api", w.api,
+                "--max-tokens", str(w.max_tokens), "--temperature", str(w.temperature),
+                "--prompt-seed", str(w.seed), "--prompts", w.prompts or ""]
+        args += ["--model", w.model] if w.model else []
+        args += ["--no-stream"] if not w.stream else []
+        args += ["--no-ignore-eos"] if not w.ignore_eos else []
+        args += ["--logprob-token-counts"] if w.logprob_token_counts else []
+        args += ["--ttft-limit-ms", str(w.ttft_limit_ms)] if w.ttft_limit_ms else []
+        args += ["--tpot-limit-ms", str(w.tpot_limit_ms)] if w.tpot_limit_ms else []
+        if w.request_rate_per_s:
+            args += ["--request-rate", str(w.request_rate_per_s), "--open-loop-users", str(self.users)]
+        if self.max_requests:
+            args += ["--max-requests", str(math.ceil(self.max_requests / max(1, self.workers)))]
+        return args
+
+    def main_argv(self, master_port: int | None) -> list[str]:
+        argv = [sys.executable, "-m", "locust", *self.workload_args(), "--headless", "--users", str(self.users),
+                "--spawn-rate", str(self.spawn_rate), "--run-time", self.run_time, "--only-summary",
+                "--stop-timeout", f"{self.stop_timeout_s:.0f}s", "--csv", str(self.csv_dir / "locust"),
+                "--results-dir", str(self.out_dir)]
+        argv += ["--label", self.label] if self.label else []
+        if master_port is not None:
+            argv += ["--master", "--expect-workers", str(self.workers), "--master-bind-host", "127.0.0.1",
+                     "--master-bind-port", str(master_port)]
+        return argv + self.extra_args
+
+    def worker_argv(self, master_port: int) -> list[str]:
+        return [sys.executable, "-m", "locust", *self.workload_args(), "--worker", "--master-host", "127.0.0.1",
+                "--master-port", str(master_port)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_locust(run: LocustRun, timeout_s: float | None = None) -> tuple[int, RunSummary]:
+    """Run Locust to the end; returns its exit code and the summary it wrote."""
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    port = _free_port() if run.workers else None
+    master = subprocess.Popen(run.main_argv(port), env=env)
+    workers = [subprocess.Popen(run.worker_argv(port), env=env, stdout=subprocess.DEVNULL)
+               for _ in range(run.workers)] if port else []
+    try:
+        code = master.wait(timeout=timeout_s)
+        for w in workers:
+            w.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise LoadTestError(f"Locust did not finish within {timeout_s:.0f}s") from None
+    finally:
+        for p in [master, *workers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for csv in sorted(run.csv_dir.glob("*.csv")):
+        os.replace(csv, run.out_dir / csv.name)
+    if run.csv_dir.is_dir():
+        run.csv_dir.rmdir()
+    summary_path = run.out_dir / "summary.json"
+    if not summary_path.is_file():
+        raise LoadTestError(f"Locust exited with code {code} and wrote no {summary_path} (see its output above)")
+    return code, load_summary(summary_path)

@@ -1,0 +1,223 @@
+"""What one Locust process does around the users: set up, collect records, read the engine, write results.
+
+Local and distributed modes give the same results: workers attach their new records to Locust's periodic
+report to the master (`report_to_master` / `worker_report`), and only the master (or the single local process)
+reads the engine and writes the results folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+import psutil
+from locust.env import Environment
+from locust.runners import LocalRunner, MasterRunner, WorkerRunner
+from pydantic import ValidationError
+
+from loadtest.engines import EngineError, EngineSnapshot, get_engine
+from loadtest.prompts import PromptError
+from loadtest.records import RequestRecord
+from loadtest.summary import LocustSettings
+from loadtest.user import STATE_KEY, RunState, run_state
+from loadtest.workload import Workload
+
+logger = logging.getLogger(__name__)
+RECORDS_KEY = "kimi_records"
+PROGRESS_INTERVAL_S = 2.0
+
+
+def add_options(parser: Any) -> None:
+    """Our options in Locust's own parser (not in a group: only the parser takes include_in_web_ui): they
+    show in the web UI and reach the workers."""
+    parser.add_argument("--engine", default="vllm", help="engine kind behind --host: vllm or sglang")
+    parser.add_argument("--model", default="", help="model name (default: the first of /v1/models)")
+    parser.add_argument("--api", default="completions", choices=["completions", "chat"], help="OpenAI API")
+    parser.add_argument("--no-stream", action="store_true", default=False, help="do not stream (no TTFT/ITL)")
+    parser.add_argument("--prompts", default="", help="shipped prompt set or JSONL path (default <api>-short)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    parser.add_argument("--logprob-token-counts", action="store_true", default=False,
+                       help="count tokens per chunk from logprobs (servers without per-chunk usage)")
+    parser.add_argument("--no-ignore-eos", action="store_true", default=False, help="let requests stop at EOS")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
+    parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt order")
+    parser.add_argument("--ttft-limit-ms", type=float, default=0.0, help="goodput TTFT limit (0: none)")
+    parser.add_argument("--tpot-limit-ms", type=float, default=0.0, help="goodput TPOT limit (0: none)")
+    parser.add_argument("--request-rate", type=float, default=0.0,
+                       help="open loop: total Poisson arrival rate in req/s (0: closed loop)")
+    parser.add_argument("--open-loop-users", type=int, default=0, include_in_web_ui=False,
+                       help="users over all processes, to split --request-rate (0: this process's users)")
+    parser.add_argument("--max-requests", type=int, default=0, help="requests per Locust process (0: no limit)")
+    parser.add_argument("--results-dir", default="", help="write the results folder here when Locust quits")
+    parser.add_argument("--label", default="", help="name of this run in reports")
+
+
+def workload_from(environment: Environment) -> Workload:
+    o = environment.parsed_options
+    return Workload(url=environment.host or "http://127.0.0.1:8000", engine=o.engine, model=o.model or None,
+                    api=o.api, stream=not o.no_stream, prompts=o.prompts or None, max_tokens=o.max_tokens,
+                    ignore_eos=not o.no_ignore_eos, temperature=o.temperature, seed=o.prompt_seed,
+                    ttft_limit_ms=o.ttft_limit_ms or None, tpot_limit_ms=o.tpot_limit_ms or None,
+                    request_rate_per_s=o.request_rate or None, logprob_token_counts=o.logprob_token_counts)
+
+
+class Session:
+    """Master-side (or local) bookkeeping of one run."""
+
+    def __init__(self, environment: Environment, state: RunState) -> None:
+        self.environment = environment
+        self.state = state
+        self.engine = get_engine(state.workload.engine, state.workload.url)
+        self.before: EngineSnapshot | None = None
+        self.after: EngineSnapshot | None = None
+        self.cpu_max: float | None = None
+        self.workers = 0
+        self.started = time.monotonic()
+        self._greenlets: list[gevent.Greenlet] = []
+        self._quitting = False
+
+    def snapshot(self) -> EngineSnapshot | None:
+        try:
+            return self.engine.snapshot()
+        except EngineError as exc:
+            logger.warning("engine counters unavailable, acceptance will be unknown: %s", exc)
+            return None
+
+    def on_test_start(self) -> None:
+        self.engine = get_engine(self.state.workload.engine, self.state.workload.url)
+        runner = self.environment.runner
+        self.workers = len(runner.clients) if isinstance(runner, MasterRunner) else 0
+        self.before = self.snapshot()
+        self.started = time.monotonic()
+        self._greenlets = [gevent.spawn(self._progress), gevent.spawn(self._sample_cpu)]
+
+    def _sample_cpu(self) -> None:
+        runner = self.environment.runner
+        me = psutil.Process()
+        me.cpu_percent(interval=None)
+        while True:
+            gevent.sleep(1.0)
+            if isinstance(runner, MasterRunner):
+                # Workers report their CPU use with their stats (every 3 s).
+                usage = max((w.cpu_usage for w in runner.clients.values()), default=0.0)
+            else:
+                usage = me.cpu_percent(interval=None)
+            self.cpu_max = max(self.cpu_max or 0.0, float(usage))
+
+    def _progress(self) -> None:
+        last_tokens, last_t = 0, time.monotonic()
+        while True:
+            gevent.sleep(PROGRESS_INTERVAL_S)
+            records = self.state.records
+            ok = [r for r in records if r.ok]
+            tokens = sum(r.completion_tokens or 0 for r in ok)
+            now = time.monotonic()
+            rate = (tokens - last_tokens) / (now - last_t)
+            last_tokens, last_t = tokens, now
+            ttfts = sorted(r.ttft_ms for r in ok if r.ttft_ms is not None)
+            ttft = f"{ttfts[len(ttfts) // 2]:.0f} ms" if ttfts else "n/a"
+            runner = self.environment.runner
+            self._stop_when_all_sent()
+            sys.stderr.write(f"[{now - self.started:6.1f}s] users {runner.user_count if runner else 0} | "
+                             f"{len(ok)} ok, {len(records) - len(ok)} failed | {rate:7.1f} tok/s | "
+                             f"TTFT p50 {ttft} | cpu {self.cpu_max or 0:.0f}%\n")
+            sys.stderr.flush()
+
+    def _stop_when_all_sent(self) -> None:
+        """With --max-requests, end the run once every process has had all its answers (not at --run-time)."""
+        cap = self.state.max_requests
+        processes = self.workers if isinstance(self.environment.runner, MasterRunner) else 1
+        headless = getattr(self.environment.parsed_options, "headless", False)  # the web UI user decides
+        if cap and processes and headless and not self._quitting and len(self.state.records) >= cap * processes:
+            self._quitting = True
+            gevent.spawn(self.environment.runner.quit)
+
+    def finish(self) -> int:
+        """Write the results (when --results-dir is set) and return the exit code."""
+        for g in self._greenlets:
+            g.kill(block=False)
+        # Read the engine only now: in distributed mode the master's test_stop comes before the workers have
+        # finished their last requests.
+        if self.before is not None:
+            self.after = self.snapshot()
+        o = self.environment.parsed_options
+        runner = self.environment.runner
+        records = sorted(self.state.records, key=lambda r: r.start_unix_s)
+        settings = LocustSettings(
+            users=getattr(o, "num_users", None), spawn_rate_per_s=getattr(o, "spawn_rate", None),
+            run_time_s=getattr(o, "run_time", None),
+            mode="distributed" if isinstance(runner, MasterRunner) else "local",
+            workers=self.workers)
+        if o.results_dir:
+            from loadtest.results import write_run
+
+            summary = write_run(Path(o.results_dir), records=records, workload=self.state.workload,
+                                locust=settings, model=self.state.model, engine=self.engine, before=self.before,
+                                after=self.after, cpu_max=self.cpu_max, label=o.label or None)
+            sys.stderr.write(f"results: {o.results_dir}/summary.json, report.md\n")
+            bad_tokens = summary.tokens.per_chunk_count_mismatches
+        else:
+            bad_tokens = 0
+        failed = sum(not r.ok for r in records)
+        if not records or failed or bad_tokens:
+            logger.error("run not clean: %d requests, %d failed, %d with per-chunk token counts that disagree "
+                         "with the server's usage", len(records), failed, bad_tokens)
+            return 1
+        return 0
+
+
+SESSION_KEY = "kimi_eagle_session"
+
+
+def _build_state(environment: Environment) -> RunState:
+    runner = environment.runner
+    worker = f"worker-{runner.client_id}" if isinstance(runner, WorkerRunner) else "local"
+    try:
+        return RunState.build(workload_from(environment), worker=worker,
+                              max_requests=environment.parsed_options.max_requests or None,
+                              offset_of=lambda: getattr(environment.runner, "worker_index", 0))
+    except (EngineError, PromptError, ValidationError) as exc:
+        raise SystemExit(f"kimi-eagle locustfile: {exc}") from None
+
+
+def on_init(environment: Environment) -> None:
+    if environment.parsed_options is None:
+        return  # used as a library: the caller sets the state up
+    runner = environment.runner
+    setattr(environment, STATE_KEY, _build_state(environment))  # bad options fail here, before any user starts
+    if isinstance(runner, WorkerRunner):
+        def attach(client_id: str, data: dict[str, Any]) -> None:
+            state = run_state(environment)
+            data[RECORDS_KEY], state.unsent = state.unsent, []
+
+        environment.events.report_to_master.add_listener(attach)
+        # The master sends its options (the web UI form's too) with each new test: build the state again.
+        environment.events.test_start.add_listener(
+            lambda **_: setattr(environment, STATE_KEY, _build_state(environment)))
+        return
+    if not isinstance(runner, LocalRunner | MasterRunner):
+        return
+    session = Session(environment, run_state(environment))
+    setattr(environment, SESSION_KEY, session)
+    if isinstance(runner, MasterRunner):
+        def collect(client_id: str, data: dict[str, Any]) -> None:
+            session.state.records.extend(RequestRecord.model_validate(d) for d in data.get(RECORDS_KEY, []))
+
+        environment.events.worker_report.add_listener(collect)
+
+    def start(**_: Any) -> None:
+        session.state = _build_state(environment)  # the web UI may have changed the options or the host
+        setattr(environment, STATE_KEY, session.state)
+        session.on_test_start()
+
+    environment.events.test_start.add_listener(start)
+    # Where the exit code is set (Locust's own is 1 on any failure; ours also on token miscounts).
+    environment.events.quitting.add_listener(lambda **_: _quit(environment, session))
+
+
+def _quit(environment: Environment, session: Session) -> None:
+    environment.process_exit_code = session.finish()

@@ -1,0 +1,135 @@
+"""ASGI middleware for vLLM's OpenAI server (loaded inside the API server process with `--middleware`):
+
+- `RequireApiKey`: vLLM 0.32 checks `--api-key` / `VLLM_API_KEY` only on paths under /v1, /v2, /inference and
+  /cohere (`vllm/entrypoints/serve/middleware/authenticate.py`, GUARDED_PREFIX). Other routes it serves by default
+  run the model or change the server without a key: POST /invocations (SageMaker: a full completion),
+  /tokenize, /detokenize, /abort_requests, /scale_elastic_ep, /start_profile ... This middleware requires the key on
+  every path except read-only probes (GET /health, /ping, /metrics, /version, /load), so that "binding beyond
+  localhost needs a key" means what it says.
+- `RejectBadFields`: vLLM accepts and silently ignores request fields it does not know (a misspelt `max_token`, an
+  OpenAI field it does not implement): the client believes a setting applied that did not. This answers 400 naming
+  the field instead, as OpenAI's own API does. It also checks `n` against VLLM_MAX_N_SEQUENCES first: vLLM 0.32
+  runs its queue admission (`_preflight` -> `check_admission`, 503 "try again later") before it validates `n`
+  (`to_sampling_params`), so with `--max-num-queued-reqs` an `n` the server never allows is told to retry forever.
+
+Both read the environment only (vLLM instantiates middleware classes without arguments) and depend on nothing but
+Starlette's ASGI types, so they cost nothing when not in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+API_KEY_ENV = "VLLM_API_KEY"
+MAX_N_ENV = "VLLM_MAX_N_SEQUENCES"
+VLLM_DEFAULT_MAX_N = 16384
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/load"})
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+async def _send_error(send: Send, status: int, message: str, error_type: str, param: str | None = None) -> None:
+    """The error body vLLM itself sends (ErrorResponse), so clients parse ours the same way."""
+    body = json.dumps({"error": {"message": message, "type": error_type, "param": param, "code": status}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequireApiKey:
+    """Every request but the read-only probes needs `Authorization: Bearer <VLLM_API_KEY>` (when a key is set)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        key = os.environ.get(API_KEY_ENV) or ""
+        self.key_digest = hashlib.sha256(key.encode()).digest() if key else None
+
+    def _authorised(self, scope: Scope) -> bool:
+        headers = dict(scope.get("headers") or [])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return secrets.compare_digest(hashlib.sha256(token.encode()).digest(), self.key_digest)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.key_digest is None or scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        path = scope["path"].removeprefix(scope.get("root_path", "")) or "/"
+        if (path in OPEN_PATHS and scope.get("method") in ("GET", "HEAD")) or self._authorised(scope):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        await _send_error(send, 401, f"{path} needs an API key: send the header 'Authorization: Bearer <key>' "
+                                     f"(the key the server was started with, --api-key or {API_KEY_ENV})",
+                          "AuthenticationError")
+
+
+def _known_fields() -> dict[str, frozenset[str]]:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    def names(model: Any) -> frozenset[str]:
+        fields = model.model_fields
+        return frozenset(fields) | {f.alias for f in fields.values() if f.alias}
+
+    return {"/v1/completions": names(CompletionRequest), "/v1/chat/completions": names(ChatCompletionRequest)}
+
+
+class RejectBadFields:
+    """400 for a completion or chat request with a top-level field the server does not implement, or an `n` above
+    the server's limit."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.known = _known_fields()
+        self.max_n = int(os.environ.get(MAX_N_ENV) or VLLM_DEFAULT_MAX_N)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        if scope["type"] != "http" or scope.get("method") != "POST" or path not in self.known:
+            return await self.app(scope, receive, send)
+        chunks, message = [], await receive()
+        while message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+            message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body = b"".join(chunks)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None  # malformed JSON or bad UTF-8: vLLM's own parser answers with its 400
+        unknown = sorted(set(data) - self.known[path]) if isinstance(data, dict) else []
+        if unknown:
+            return await _send_error(
+                send, 400, f"unsupported parameter{'s' * (len(unknown) > 1)} for {path}: {', '.join(unknown)} "
+                           "(this server does not implement them; remove them or check the spelling)",
+                "BadRequestError", param=unknown[0])
+        n = data.get("n") if isinstance(data, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > self.max_n:
+            text = f"n must be at most {self.max_n}, got {n} (the server's {MAX_N_ENV}): ask for fewer"
+            return await _send_error(send, 400, text, "BadRequestError", param="n")
+        replayed = False
+
+        async def replay() -> Message:
+            # The body once, then the real channel: vLLM listens on it for the client's disconnect.
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
