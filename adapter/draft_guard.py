@@ -53,11 +53,11 @@ def run_static_checks(proposer) -> None:
         return
     findings = static_checks(draft_dir, target_dir)
     for finding in findings:
-        if finding.severity == Severity.WARNING and finding.engine in ("all", "vllm"):
+        if finding.severity == Severity.WARNING and finding.applies_to("vllm"):
             logger.warning("kimi-eagle: %s: %s (expected %s). %s", finding.title, finding.found, finding.expected,
                            finding.fix)
-    if any(f.severity == Severity.REFUSAL and f.engine in ("all", "vllm") for f in findings):
-        raise DraftRefusedError(refusal_message([f for f in findings if f.engine in ("all", "vllm")]))
+    if message := refusal_message(findings, engine="vllm"):
+        raise DraftRefusedError(message)
 
 
 def align_aux_layer_ids(proposer) -> tuple[int, ...]:
