@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 from serve.command import ServeCommand
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as vLLM resolves from a model hub
 
 
 def preflight(command: ServeCommand) -> bool:
@@ -16,6 +19,10 @@ def preflight(command: ServeCommand) -> bool:
         return True
     draft = Path(command.draft)
     if not draft.exists():
+        if HUB_NAME.fullmatch(command.draft):
+            print(f"pre-flight: {command.draft} is not a local folder: vLLM downloads it; the draft checks are "
+                  "skipped (run `kimi-eagle doctor` on the downloaded folder)", file=sys.stderr)
+            return True
         print(f"pre-flight: the draft {draft} does not exist", file=sys.stderr)
         return False
     target = Path(command.target)

@@ -108,8 +108,6 @@ def test_serve_dry_run_prints_the_validated_command(capsys: pytest.CaptureFixtur
     assert json.loads(_flag(words, "--speculative-config"))["model"] == str(DRAFT_DIR)
 
 
-@pytest.mark.xfail(strict=True, reason="needs two changes outside serve/: load_profile must take a name with a dot "
-                   "(kimi-k2.5-...) and pre-flight must let a hub-name draft through (see the sizing/profiles report)")
 @pytest.mark.parametrize("name", KIMI_PROFILES)
 def test_serve_dry_run_of_each_production_profile_by_name(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Exactly what a user types on the GPU host before downloading anything."""

@@ -1,0 +1,89 @@
+"""`kimi-eagle serve` and `kimi-eagle fixtures` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from tests.conftest import free_port
+
+CLI = [sys.executable, "-m", "kimi_eagle.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_fixtures_where_prints_the_pair() -> None:
+    result = run_cli("fixtures", "--where")
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == [f"target={TARGET_DIR}", f"draft={DRAFT_DIR}"]
+
+
+def test_dry_run_prints_the_vllm_command_with_overrides_applied() -> None:
+    result = run_cli("serve", "--dry-run", "--port", "8123", "-k", "5", "--", "--max-num-seqs", "4")
+    assert result.returncode == 0, result.stderr
+    words = shlex.split(result.stdout.strip().splitlines()[-1])
+    assert words[words.index("--port") + 1] == "8123"
+    assert words[words.index("--host") + 1] == "127.0.0.1"
+    assert words.count("--max-num-seqs") == 1 and words[words.index("--max-num-seqs") + 1] == "4"
+    spec = json.loads(words[words.index("--speculative-config") + 1])
+    assert spec == {"model": str(DRAFT_DIR), "method": "eagle3", "num_speculative_tokens": 5}
+
+
+def test_no_draft_serves_the_target_alone() -> None:
+    result = run_cli("serve", "--dry-run", "--no-draft")
+    assert result.returncode == 0, result.stderr
+    assert "--speculative-config" not in result.stdout
+
+
+def test_unknown_vllm_flag_is_refused_before_anything_starts() -> None:
+    result = run_cli("serve", "--dry-run", "--", "--no-such-flag")
+    assert result.returncode == 2
+    assert "--no-such-flag" in result.stderr
+
+
+def test_unknown_profile_lists_the_known_ones() -> None:
+    result = run_cli("serve", "no-such-profile", "--dry-run")
+    assert result.returncode == 2
+    assert "known profiles are" in result.stderr and "tiny-cpu" in result.stderr
+
+
+def test_binding_beyond_loopback_requires_an_api_key() -> None:
+    refused = run_cli("serve", "--dry-run", "--host", "0.0.0.0", env={"VLLM_API_KEY": ""})
+    assert refused.returncode == 2
+    assert "API key" in refused.stderr
+    allowed = run_cli("serve", "--dry-run", "--host", "0.0.0.0", "--api-key", "s3cret-key")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "s3cret-key" not in allowed.stdout + allowed.stderr
+
+
+@pytest.mark.e2e
+def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process() -> None:
+    port = free_port()
+    process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        ready_line = process.stdout.readline()  # blocks until the server is up (or the CLI exits)
+        assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, process.stderr.read()
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert children, "the vLLM server should be running under the CLI"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+            assert time.monotonic() < deadline, "vLLM processes left running after Ctrl-C"
+            time.sleep(0.5)
+    finally:
+        if process.poll() is None:
+            process.kill()
