@@ -69,13 +69,15 @@ def test_binding_beyond_loopback_requires_an_api_key() -> None:
 
 
 @pytest.mark.e2e
-def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process() -> None:
+def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) -> None:
     port = free_port()
-    process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    # vLLM's own log shares the CLI's stdout; stderr goes to a file so that no pipe fills up and blocks anyone.
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("w") as err:
+        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True)
     try:
-        ready_line = process.stdout.readline()  # blocks until the server is up (or the CLI exits)
-        assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, process.stderr.read()
+        ready_line = next((line for line in process.stdout if line.startswith("Ready in")), "")
+        assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, stderr.read_text()[-3000:]
         children = psutil.Process(process.pid).children(recursive=True)
         assert children, "the vLLM server should be running under the CLI"
         process.send_signal(signal.SIGINT)
