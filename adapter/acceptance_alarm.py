@@ -14,9 +14,10 @@ import os
 import time
 from collections import deque
 
+from adapter import compat
+
 logger = logging.getLogger("vllm.kimi_eagle")
 
-WATCHED_VERSIONS = ("0.32.0",)
 DEFAULT_WINDOW_DRAFTS = 200
 DEFAULT_MIN_RATE = 0.05
 REPEAT_WARNING_S = 60.0
@@ -59,14 +60,11 @@ class AcceptanceWatch:
 
 def install() -> bool:
     """Wrap vLLM's `SpecDecodingProm.observe`, which runs in the API server process for every step."""
-    import vllm
+    if not compat.supported("acceptance alarm"):
+        return False
     from prometheus_client import Gauge
     from vllm.v1.spec_decode.metrics import SpecDecodingProm
 
-    if vllm.__version__ not in WATCHED_VERSIONS:
-        logger.warning("kimi-eagle: acceptance alarm not installed: written against vLLM %s, found %s",
-                       WATCHED_VERSIONS, vllm.__version__)
-        return False
     original = SpecDecodingProm.observe
     if getattr(original, "_kimi_eagle_watch", None):
         return True

@@ -10,22 +10,17 @@ import logging
 
 import torch
 
+from adapter import compat
+
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
-FIXED_VERSIONS = ("0.32.0",)
 CPU_ATTN_BLOCK_SIZES_16 = 16
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
 
 
 def applies_here() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.is_cpu() and vllm_version() in FIXED_VERSIONS
+    return current_platform.is_cpu() and compat.vllm_version() in compat.SUPPORTED_VLLM_VERSIONS
 
 
 def cpu_attention_block_sizes(kv_cache_spec=None) -> list:
@@ -80,7 +75,7 @@ def enable_correct_expand() -> None:
 def apply() -> bool:
     if not applies_here():
         logger.info("kimi-eagle: CPU fixes not applied (vLLM %s; fixed versions %s, CPU only)",
-                    vllm_version(), FIXED_VERSIONS)
+                    compat.vllm_version(), compat.SUPPORTED_VLLM_VERSIONS)
         return False
     enable_block_size_16()
     enable_correct_expand()

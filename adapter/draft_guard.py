@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
+from adapter import compat
+
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
-GUARDED_VERSIONS = ("0.32.0",)
 SHARED_FROM_TARGET = ("embed_tokens", "lm_head")  # a draft may legitimately borrow these from the target
 # Static checks read the draft's files; a draft that is not a local folder cannot be read, and the runtime guards
 # below must still hold (tests turn the static checks off to reach them).
@@ -174,15 +175,12 @@ def _inject_fault(target_model, ids: tuple[int, ...]) -> None:
 
 def install() -> bool:
     """Wrap the EAGLE proposer's `load_model` (vLLM 0.32: `SpecDecodeBaseProposer.load_model`)."""
-    import vllm
+    if not compat.supported("draft guards"):
+        return False
     from vllm.model_executor.models.interfaces import supports_eagle3
     from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    if vllm.__version__ not in GUARDED_VERSIONS:
-        logger.warning("kimi-eagle: draft guards not installed: written against vLLM %s, found %s",
-                       GUARDED_VERSIONS, vllm.__version__)
-        return False
     original = SpecDecodeBaseProposer.load_model
     if getattr(original, "_kimi_eagle_guarded", False):
         return True
@@ -195,7 +193,7 @@ def install() -> bool:
         ids = align_aux_layer_ids(self)
         if not supports_eagle3(target_model):
             raise DraftRefusedError(f"target class {type(target_model).__name__} does not expose EAGLE-3 aux hidden "
-                               f"states in vLLM {vllm.__version__}: serve it without the draft, or with a vLLM "
+                               f"states in vLLM {compat.vllm_version()}: serve it without the draft, or with a vLLM "
                                "whose model class implements SupportsEagle3")
         original(self, target_model)
         _shared_tensors_report(self, target_model)
