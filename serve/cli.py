@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
 from serve.command import CommandError, build_command, validate_with_vllm
-from serve.launch import ServerStartError, start, stop, wait_healthy
+from serve.launch import ServerStartError, serve_in_foreground
 from serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
 
 
@@ -60,23 +59,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print(report.render(), file=sys.stderr)  # stdout keeps only the command, for scripts
         print(command.printable())
         return 0
-    print(f"Starting vLLM: {command.printable()}", file=sys.stderr, flush=True)
-    process = start(command)
-    # Ctrl-C reaches our process only (the server runs in its own session): forward it as a clean stop.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    note = f"  draft: {command.draft}" if command.draft else "  (no speculation)"
     try:
-        waited = wait_healthy(process, command.url, args.ready_timeout, api_key=command.api_key)
-        print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}"
-              f"{'  draft: ' + command.draft if command.draft else '  (no speculation)'}", flush=True)
-        process.wait()
-        return process.returncode or 0
+        return serve_in_foreground(command, "vLLM", args.ready_timeout, ready_note=note)
     except ServerStartError as exc:
         return _fail(str(exc))
-    except KeyboardInterrupt:
-        print("\nStopping vLLM ...", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        stop(process)
 
 
 def add_fixtures_parser(sub: argparse._SubParsersAction) -> None:

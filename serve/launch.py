@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,6 +66,25 @@ def stop(process: subprocess.Popen, grace_s: float = 20) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: float, ready_note: str = "") -> int:
+    """Start the server, print the URL when it answers, and stay until it exits or Ctrl-C / SIGTERM, which stop
+    every process it started. Raises ServerStartError when it does not come up."""
+    print(f"Starting {engine}: {command.printable()}", file=sys.stderr, flush=True)
+    process = start(command)
+    # The server runs in its own session, so a signal reaches only us: turn SIGTERM into the same clean stop as Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        waited = wait_healthy(process, command.url, ready_timeout_s, api_key=command.api_key)
+        print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}", flush=True)
+        process.wait()
+        return process.returncode or 0
+    except KeyboardInterrupt:
+        print(f"\nStopping {engine} ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        stop(process)
 
 
 @contextmanager

@@ -72,25 +72,15 @@ def run_sglang_command(args: argparse.Namespace) -> int:
 
 
 def _launch(command: ServeCommand, ready_timeout: float) -> int:
-    from serve.launch import ServerStartError, start, stop, wait_healthy
+    from serve.launch import ServerStartError, serve_in_foreground
 
     python = command.argv[0]
     if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode != 0:
         return _fail(f"{python} cannot import sglang: give --python /path/to/an-sglang-env/bin/python")
-    print(f"Starting SGLang: {command.printable()}", file=sys.stderr, flush=True)
-    process = start(command)
     try:
-        waited = wait_healthy(process, command.url, ready_timeout, api_key=command.api_key)
-        print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}", flush=True)
-        process.wait()
-        return process.returncode or 0
+        return serve_in_foreground(command, "SGLang", ready_timeout)
     except ServerStartError as exc:
         return _fail(str(exc))
-    except KeyboardInterrupt:
-        print("\nStopping SGLang ...", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        stop(process)
 
 
 def add_sizing_parser(sub: argparse._SubParsersAction) -> None:
