@@ -1,9 +1,124 @@
-"""Placeholder: this subcommand is being written."""
+"""`kimi-eagle bench`: target alone vs target + draft, measured in one run on this machine (see BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+RESULTS_DIR = Path("bench") / "results"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add this module's subcommands to `kimi-eagle`."""
+    """Add `bench` to `kimi-eagle`."""
+    p = sub.add_parser("bench", help="benchmark speculation: tokens/s by k and concurrency, acceptance, plugin and "
+                                     "harness overhead, cold start; recommends num_speculative_tokens",
+                       description="Starts its own vLLM servers (at most two at once) and writes "
+                                   "OUT/<mode>-<time>.json and .md. The full run takes about 15 minutes on 2 cores.")
+    p.add_argument("--quick", action="store_true",
+                   help="k=3 only, 2 rounds, 16 tokens, no checks-off server: proves the benchmark works in under "
+                        "3 minutes; its figures are not for comparison")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
+    p.add_argument("--profile", default="tiny-cpu", help="serving profile (default tiny-cpu)")
+    p.add_argument("--target", help="target checkpoint instead of the profile's")
+    p.add_argument("--draft", help="EAGLE-3 draft instead of the profile's")
+    p.add_argument("--prompts", type=Path, help="JSON list of prompt strings (default: the fixtures' held-out prompts)")
+    p.add_argument("--report", type=Path, metavar="RESULTS_JSON",
+                   help="start no server: recompute the recommendation from an earlier results file and rewrite "
+                        "its .json and .md (the measured figures are kept as they are)")
+    p.set_defaults(handler=run_bench)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _fail(message: str) -> int:
+    print(f"kimi-eagle bench: {message}", file=sys.stderr)
+    return 2
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
+    words = ["kimi-eagle", "bench", *(["--quick"] if args.quick else [])]
+    if args.out != RESULTS_DIR:
+        words += ["--out", str(args.out)]
+    for option in ("profile", "target", "draft", "prompts"):
+        value = getattr(args, option)
+        if value is not None and not (option == "profile" and value == "tiny-cpu"):
+            words += [f"--{option}", str(value)]
+    return shlex.join(words)
+
+
+def _rewrite_report(path: Path) -> int:
+    from bench.report import markdown, profile_setting
+    from bench.result import BenchResult
+    from bench.run import recommendations
+    from loadtest.files import write_atomic, write_model
+
+    try:
+        data = json.loads(path.read_text())
+        # Derived, and recomputed below: a file written by an older model still loads.
+        data["recommendations"] = []
+        result = BenchResult.model_validate(data)
+    except (OSError, ValueError, TypeError) as exc:  # json's and pydantic's errors are ValueErrors
+        return _fail(f"{path} is not a results file of `kimi-eagle bench`: {exc}")
+    result.recommendations, _ = recommendations(result.throughput)
+    write_model(path, result)
+    write_atomic(path.with_suffix(".md"), markdown(result))
+    print(f"rewrote {path} and {path.with_suffix('.md')}", file=sys.stderr)
+    print("Profile setting to use (serve/profiles/<profile>.yaml), by concurrency:")
+    print(profile_setting(result.recommendations))
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from bench.client import BenchRequestError
+    from bench.plan import FULL, QUICK
+    from bench.report import markdown, profile_setting
+    from bench.run import Bench, BenchError, load_prompts
+    from fixtures.build_draft import HELDOUT_PROMPTS_FILE
+    from loadtest.files import write_atomic, write_model
+    from serve.command import CommandError
+    from serve.launch import ServerStartError
+    from serve.profile import ProfileError, load_profile
+
+    console = Console(stderr=True)
+    if args.report:
+        return _rewrite_report(args.report)
+    if args.passthrough:
+        return _fail("bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
+    plan = QUICK if args.quick else FULL
+    try:
+        profile = load_profile(args.profile)
+        if not (args.draft or profile.draft):
+            return _fail(f"profile {profile.name} has no draft: give --draft DIR")
+        prompts_file = args.prompts or HELDOUT_PROMPTS_FILE
+        prompts = load_prompts(prompts_file)
+    except (ProfileError, BenchError) as exc:
+        return _fail(str(exc))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{plan.mode}-{stamp}"
+    bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
+                  files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)
+    # A CI timeout or `kill` sends SIGTERM, which would end this process without unwinding: the servers it started
+    # (each in its own session) would keep running. As an exception, it stops them on the way out.
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = bench.run()
+    except (ServerStartError, BenchRequestError, CommandError, BenchError) as exc:
+        return _fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    json_path = write_model(args.out / f"{name}.json", result)
+    md_path = write_atomic(args.out / f"{name}.md", markdown(result))
+    console.print(f"results: {json_path}, {md_path}")
+    print("Profile setting to use (serve/profiles/<profile>.yaml), by concurrency:")
+    print(profile_setting(result.recommendations))
+    return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -67,3 +69,60 @@ def test_engine_refuses_the_pair_without_the_plugin(tmp_path) -> None:
         pass
     text = log.read_text()
     assert "No common block size for" in text and "CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)]" in text
+
+
+def _draft_head(target_hidden: int, draft_hidden: int, num_aux: int) -> torch.nn.Module:
+    """The attributes vLLM's `Eagle3LlamaForCausalLM.combine_hidden_states` reads, around a real `fc`; the method
+    itself is vLLM's own, so the test runs upstream code on both sides of our first-step check. (Imported here, not
+    at the top: importing vLLM's model modules must not happen before the plugin tests choose their order.)"""
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    class DraftHead(torch.nn.Module):
+        combine_hidden_states = Eagle3LlamaForCausalLM.combine_hidden_states
+
+    head = DraftHead()
+    head.config = SimpleNamespace(hidden_size=draft_hidden)
+    head.model = torch.nn.Module()
+    head.model.fc = torch.nn.Linear(num_aux * target_hidden, draft_hidden, bias=False)
+    head.model.use_aux_hidden_state, head.model.norm_before_fc, head.model.fc_norm = True, False, None
+    return head
+
+
+def test_first_step_check_runs_once_then_leaves_vllms_method_in_place() -> None:
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    from adapter.draft_guard import check_first_step_width
+
+    ids, hidden = (2, 4, 6), 256
+    draft = _draft_head(hidden, hidden, len(ids))
+    check_first_step_width(draft, ids, hidden)
+    assert "combine_hidden_states" in vars(draft)  # armed for the first step only
+    out = draft.combine_hidden_states(torch.randn(5, 3 * hidden))
+    assert out.shape == (5, hidden)
+    # After the first step the hot path is vLLM's method itself: no wrapper, no branch, nothing to cost.
+    assert "combine_hidden_states" not in vars(draft)
+    assert draft.combine_hidden_states.__func__ is Eagle3LlamaForCausalLM.combine_hidden_states
+
+    twin, x = _draft_head(hidden, hidden, len(ids)), torch.randn(5, 3 * hidden)
+
+    def per_call_us(model: torch.nn.Module) -> float:
+        start = time.perf_counter()
+        for _ in range(2000):
+            model.combine_hidden_states(x)
+        return (time.perf_counter() - start) / 2000 * 1e6
+
+    checked, unchecked = min(per_call_us(draft) for _ in range(3)), min(per_call_us(twin) for _ in range(3))
+    print(f"combine_hidden_states per call after the first step: checked {checked:.2f} us, "
+          f"never checked {unchecked:.2f} us")
+
+
+def test_first_step_check_names_both_widths_and_the_ids() -> None:
+    from adapter.draft_guard import DraftRefusedError, check_first_step_width
+
+    ids, hidden = (2, 4, 6), 256
+    draft = _draft_head(hidden, hidden, len(ids))
+    check_first_step_width(draft, ids, hidden)
+    with pytest.raises(DraftRefusedError) as refusal:
+        draft.combine_hidden_states(torch.randn(5, hidden))  # one layer, as in the SGLang Kimi-K2.5 failure
+    message = str(refusal.value)
+    assert "768 = 3 aux layers [2, 4, 6] x hidden 256" in message and "sent 256 (1 layer(s))" in message

@@ -1,0 +1,50 @@
+"""What one benchmark run measures: the full plan (under 15 minutes on 2 cores) and the quick one CI runs."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class BenchPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: str = Field(description="`full` or `quick`.")
+    ks: list[int] = Field(description="num_speculative_tokens values swept, one spec server each; the largest "
+                                      "calibrates the speed-up model.")
+    concurrency: list[int] = Field(description="Requests in flight during a throughput sample.")
+    repeats: int = Field(ge=1, description="Interleaved A/B rounds per measurement.")
+    max_tokens: int = Field(ge=2, description="Output tokens of every request (ignore_eos).")
+    requests_per_sample: int = Field(ge=1, description="Requests per sample at concurrency 1; at concurrency c a "
+                                                       "sample sends max(this, c), rounded up to a multiple of c.")
+    ceiling_candidates: int = Field(ge=1, description="Repeating prompts probed for the always-accepted ceiling.")
+    ceiling_requests_per_sample: int = Field(ge=1, description="Requests per ceiling sample (concurrency 1).")
+    checks_concurrency: list[int] = Field(description="Concurrency of the runtime-checks on/off comparison; empty: "
+                                                      "skip it (it needs one more server start).")
+    locust_run_time: str = Field(description="Length of the Locust run at the highest concurrency.")
+    vllm_overrides: dict[str, str] = Field(default_factory=dict, description="vLLM flags (without --) applied to "
+                                           "every server on top of the profile's; reported with the results.")
+
+    @model_validator(mode="after")
+    def _sorted(self) -> BenchPlan:
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError("ks must list at least one num_speculative_tokens >= 1")
+        self.ks = sorted(set(self.ks))
+        self.concurrency = sorted(set(self.concurrency))
+        return self
+
+    def requests_at(self, concurrency: int) -> int:
+        n = max(self.requests_per_sample, concurrency)
+        return -(-n // concurrency) * concurrency
+
+
+# vLLM's CPU backend reserves this share of *all* memory for the KV cache and refuses to start when less is free:
+# the profile's 0.3 (7 GiB here) twice does not fit on 24 GiB beside anything else (another engine, the test suite's
+# own servers), while 16 sequences of about 100 tokens use a tiny part of 0.1. The KV cache's size does not change
+# the speed of a step; what is reported as peak RSS is measured with this setting.
+SMALL_KV_CACHE = {"gpu-memory-utilization": "0.1"}
+
+FULL = BenchPlan(mode="full", ks=[1, 2, 3, 4, 5], concurrency=[1, 4, 16], repeats=5, max_tokens=64,
+                 requests_per_sample=4, ceiling_candidates=3, ceiling_requests_per_sample=2,
+                 checks_concurrency=[1, 16], locust_run_time="15s", vllm_overrides=SMALL_KV_CACHE)
+QUICK = BenchPlan(mode="quick", ks=[3], concurrency=[1, 4, 16], repeats=2, max_tokens=16, requests_per_sample=2,
+                  ceiling_candidates=2, ceiling_requests_per_sample=1, checks_concurrency=[], locust_run_time="5s",
+                  vllm_overrides=SMALL_KV_CACHE)

@@ -1,0 +1,161 @@
+"""The benchmark's Markdown report and the profile setting it recommends."""
+
+from __future__ import annotations
+
+from bench.result import BenchResult, ThroughputPoint
+from bench.speedup_model import Recommendation, tokens_per_step
+from bench.stats import Spread
+
+
+def _s(s: Spread | None, digits: int = 1) -> str:
+    if s is None:
+        return "n/a"
+    return f"{s.median:.{digits}f} [{s.min:.{digits}f}, {s.max:.{digits}f}]"
+
+
+def _x(s: Spread) -> str:
+    return f"{s.median:.2f}x [{s.min:.2f}, {s.max:.2f}]"
+
+
+def _positions(values: list[float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def _largest(by_process: dict[str, int], count: int = 3) -> str:
+    top = sorted(by_process.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(f"{name.split(' (')[0]} {rss / 2**30:.2f}" for name, rss in top)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def profile_setting(recs: list[Recommendation]) -> str:
+    """The setting to put in the serving profile, one line per concurrency."""
+    lines = []
+    for r in recs:
+        if r.recommended_k is None:
+            lines.append(f"concurrency {r.concurrency:>3}: turn speculation off (`kimi-eagle serve --no-draft`, or "
+                         f"`draft: null` in the profile): no k is predicted to beat the target alone")
+        else:
+            predicted = r.predicted_speedup_by_k[r.recommended_k]
+            measured = r.measured_speedup_by_k.get(r.recommended_k)
+            seen = f", measured {measured:.2f}x" if measured is not None else ""
+            lines.append(f"concurrency {r.concurrency:>3}: speculative.num_speculative_tokens: {r.recommended_k}   "
+                         f"(predicted {predicted:.2f}x{seen}; {r.verdict or 'not checked'})")
+    return "\n".join(lines)
+
+
+def _point_rows(points: list[ThroughputPoint]) -> list[list[str]]:
+    rows = []
+    for p in points:
+        acc = p.acceptance
+        same = f"{p.identical_outputs[0]}/{p.identical_outputs[1]}" if p.identical_outputs else ""
+        rows.append([str(p.num_speculative_tokens), str(p.concurrency), _s(p.plain_tokens_per_s),
+                     _s(p.spec_tokens_per_s), _x(p.paired_speedup),
+                     f"{acc.mean_acceptance_length:.2f}" if acc and acc.mean_acceptance_length else "n/a", same])
+    return rows
+
+
+def markdown(result: BenchResult) -> str:
+    m = result.machine
+    out = [f"# kimi-eagle bench ({result.mode})", "",
+           f"Command: `{result.command}`  ",
+           f"Machine: {m.cpu_model}, {m.cpus} CPUs, {m.memory_gib} GiB; vLLM {m.vllm_version}, torch "
+           f"{m.torch_version}  ",
+           f"Started {result.started_utc}, took {result.duration_s / 60:.1f} min; load average before "
+           f"{' '.join(f'{x:.2f}' for x in m.load_average_before)}, after "
+           f"{' '.join(f'{x:.2f}' for x in m.load_average_after)}  ",
+           f"Profile {result.profile}: target `{result.target}`, draft `{result.draft}`; prompts "
+           f"`{result.prompts_file}`; greedy, ignore_eos, {result.plan.max_tokens} output tokens per request, "
+           f"{result.plan.repeats} interleaved rounds (A = target alone, B = with the draft).  ",
+           *([f"vLLM flags over the profile's, for every server: "
+              f"`{' '.join(f'--{k} {v}' for k, v in result.plan.vllm_overrides.items())}`  "]
+             if result.plan.vllm_overrides else []),
+           "Figures: median [min, max] over the rounds; speed-ups are round-by-round B/A.", ""]
+
+    held = [p for p in result.throughput if p.workload == "held-out"]
+    ceiling = [p for p in result.throughput if p.workload == "ceiling"]
+    single = [p for p in held if p.concurrency == 1]
+    out += ["## 1. Single stream: target alone vs target + draft", ""]
+    out += _table(["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
+                   "same greedy output"], _point_rows(single))
+    if ceiling:
+        probe = next((p for p in result.ceiling_probes if p.prompt == result.ceiling_prompt), None)
+        rate = f"{probe.acceptance_rate:.2f}" if probe and probe.acceptance_rate is not None else "n/a"
+        out += ["Ceiling (a draft that is (almost) always right): the same servers and requests on a prompt that "
+                "repeats a phrase, so the target's greedy continuation repeats and the draft predicts it "
+                f"(probe acceptance rate {rate}). Prompt: "
+                f"`{(result.ceiling_prompt or '')[:80]}...`", ""]
+        out += _table(["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
+                       "same greedy output"], _point_rows(ceiling))
+
+    out += ["## 2. Throughput by concurrency", ""]
+    out += _table(["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
+                   "same greedy output"], _point_rows([p for p in held if p.concurrency != 1]))
+
+    out += ["## 3. Acceptance vs k, and the speed-up it allows", "",
+            "Limit = E_k = 1 + sum of per-position acceptance (a free draft). Step cost c(k) = E_k / measured "
+            "speed-up, in target steps. Model = E_k / (1 + s + k r): s, the fixed overhead of a speculative step, and "
+            "r, the cost of one draft token, both in target steps, fitted through the smallest and largest k "
+            "(bench/speedup_model.py); the k in between are predictions.", ""]
+    recs = {r.concurrency: r for r in result.recommendations}
+    rows = []
+    for p in held:
+        if p.acceptance is None:
+            continue
+        k, rec = p.num_speculative_tokens, recs.get(p.concurrency)
+        limit = tokens_per_step(p.acceptance.per_position, k)
+        model = f"{rec.cost.speedup(p.acceptance.per_position, k):.2f}x" if rec else "n/a"
+        cost = f"{limit / p.paired_speedup.median:.2f}"
+        rows.append([str(k), str(p.concurrency), f"{p.acceptance.mean_acceptance_length:.2f}",
+                     _positions(p.acceptance.per_position), f"{limit:.2f}x", cost, model, _x(p.paired_speedup)])
+    out += _table(["k", "conc.", "mean acc. length", "per-position acceptance", "limit", "step cost c(k)",
+                   "model (own acceptance)", "measured"], rows)
+    out += _table(["conc.", "s (fixed, target steps)", "r (per draft token, target steps)", "fitted at k",
+                   "model with the largest k's acceptance, k = 1.."],
+                  [[str(r.concurrency), f"{r.cost.fixed:.2f}", f"{r.cost.per_draft_token:.3f}",
+                    ", ".join(map(str, r.cost.calibrated_at_k)),
+                    " / ".join(f"{v:.2f}x" for v in r.predicted_speedup_by_k.values())]
+                   for r in result.recommendations])
+
+    out += ["## 4. Overhead of the plugin's runtime checks", ""]
+    if result.checks:
+        out += _table(["k", "conc.", "checks on tok/s", "checks off tok/s", "cost", "noise band", "verdict"],
+                      [[str(c.num_speculative_tokens), str(c.concurrency), _s(c.checks_on_tokens_per_s),
+                        _s(c.checks_off_tokens_per_s), f"{c.cost_percent:+.2f}%", f"+/-{c.noise_band_percent:.2f}%",
+                        c.verdict] for c in result.checks])
+    else:
+        out += ["Not measured in this run (the quick mode skips it: it needs one more server start).", ""]
+
+    out += ["## 5. Cold start and memory", "",
+            "Process start to first token (a 1-token completion sent when /health first answers); peak RSS summed "
+            "over all the server's processes over its whole life (shared pages counted once per process).", ""]
+    out += _table(["server", "draft", "to /health s", "to first token s", "peak RSS GiB (all processes)",
+                   "largest processes, peak RSS GiB", "other servers up"],
+                  [[c.config, "yes" if c.draft else "no", f"{c.seconds_to_healthy:.1f}",
+                    f"{c.seconds_to_first_token:.1f}", f"{c.peak_rss_bytes / 2**30:.2f}" if c.peak_rss_bytes else "n/a",
+                    _largest(c.peak_rss_bytes_by_process),
+                    str(c.other_servers_running)] for c in result.cold_starts])
+
+    out += ["## 6. Harness overhead (Locust at the highest concurrency)", ""]
+    h = result.harness
+    if h:
+        lost = f"{h.tokens_per_s_lost_percent:+.1f}%" if h.tokens_per_s_lost_percent is not None else "n/a"
+        out += _table(["client", "conc.", "tok/s", "client CPU s / 1k tokens", "client CPU % of one core"],
+                      [["own (threads, non-streamed)", str(h.concurrency), _s(h.own_client_tokens_per_s),
+                        f"{h.own_client_cpu_s_per_1k_tokens:.3f}", f"{h.own_client_cpu_percent:.1f}"],
+                       ["Locust (kimi-eagle loadtest runner, non-streamed)", str(h.concurrency),
+                        f"{h.locust_tokens_per_s:.1f}" if h.locust_tokens_per_s else "n/a",
+                        f"{h.locust_cpu_s_per_1k_tokens:.3f}" if h.locust_cpu_s_per_1k_tokens else "n/a",
+                        f"{h.locust_cpu_percent:.1f}"]])
+        out += [f"Against {h.server}, one Locust run of {h.locust_wall_s:.0f}s (its CPU includes its own start-up). "
+                f"Locust's tokens/s vs the own client's median: {lost} lost; highest CPU of a Locust process seen "
+                f"by the load test itself: {h.locust_harness_cpu_percent_max}%; {h.locust_requests_ok} requests OK "
+                f"(results in `{h.locust_results}`).", ""]
+
+    out += ["## 7. Recommended num_speculative_tokens", "", "```", profile_setting(result.recommendations), "```", ""]
+    if result.notes:
+        out += ["## Notes", "", *(f"- {n}" for n in result.notes), ""]
+    return "\n".join(out)

@@ -1,0 +1,115 @@
+"""The benchmark's results file (`bench/results/*.json`): pydantic models, units in the field names."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from bench.plan import BenchPlan
+from bench.servers import ColdStart
+from bench.speedup_model import Recommendation
+from bench.stats import Spread
+
+RESULT_SCHEMA = "kimi-eagle/bench/1"
+
+
+class Machine(BaseModel):
+    cpu_model: str = Field(description="`Model name` from lscpu.")
+    cpus: int = Field(description="CPUs the OS shows (os.cpu_count()).")
+    memory_gib: float
+    load_average_before: list[float] = Field(description="1, 5, 15-minute load average when the run began.")
+    load_average_after: list[float]
+    vllm_version: str | None
+    torch_version: str | None
+
+
+class AcceptanceFigures(BaseModel):
+    """vLLM's counters summed over every spec sample of one point (deltas around each sample)."""
+
+    verify_steps: int
+    draft_tokens: int
+    accepted_tokens: int
+    mean_acceptance_length: float | None = Field(description="1 + accepted / verify steps.")
+    acceptance_rate: float | None = Field(description="Accepted / proposed draft tokens.")
+    per_position: list[float] = Field(description="Index j: share of verify steps whose draft token j+1 was accepted.")
+
+
+class ThroughputPoint(BaseModel):
+    """Plain target (A) against target + draft (B) at one k and concurrency, interleaved A B A B."""
+
+    workload: str = Field(description="`held-out`: the held-out prompts; `ceiling`: a repeating prompt the draft "
+                                      "predicts (almost) always, measured the same way.")
+    num_speculative_tokens: int
+    concurrency: int
+    requests_per_sample: int
+    plain_tokens_per_s: Spread
+    spec_tokens_per_s: Spread
+    speedup_of_medians: float = Field(description="median(spec) / median(plain).")
+    paired_speedup: Spread = Field(description="Round-by-round spec / plain.")
+    acceptance: AcceptanceFigures | None
+    identical_outputs: list[int] | None = Field(None, description="[same, compared]: greedy outputs of the first "
+                                                                  "round, plain vs spec, at concurrency 1.")
+
+
+class ChecksOverhead(BaseModel):
+    """The same spec configuration with KIMI_EAGLE_RUNTIME_CHECKS=1 (A) and =0 (B), interleaved."""
+
+    num_speculative_tokens: int
+    concurrency: int
+    checks_on_tokens_per_s: Spread
+    checks_off_tokens_per_s: Spread
+    cost_percent: float = Field(description="(median off / median on - 1) x 100: tokens/s the checks cost.")
+    paired_off_over_on: Spread
+    noise_band_percent: float = Field(description="Half the larger relative range (max - min) / median of the two "
+                                                  "sides, x 100: differences inside it are noise.")
+    verdict: str
+
+
+class HarnessOverhead(BaseModel):
+    """Locust (kimi-eagle loadtest's runner, non-streamed, same prompts) against this benchmark's own client."""
+
+    concurrency: int
+    server: str
+    own_client_tokens_per_s: Spread
+    own_client_cpu_s_per_1k_tokens: float = Field(description="CPU of the client process per 1,000 output tokens.")
+    own_client_cpu_percent: float = Field(description="Client CPU time / wall time while sampling (100 = one core).")
+    locust_tokens_per_s: float | None
+    locust_cpu_percent: float = Field(description="Locust's CPU time / wall time of the whole Locust process, start-up "
+                                                  "included (100 = one core).")
+    locust_wall_s: float
+    locust_cpu_s_per_1k_tokens: float | None = Field(description="CPU of the Locust process (getrusage of "
+                                                                 "children), start-up included, per 1,000 output "
+                                                                 "tokens.")
+    locust_requests_ok: int | None
+    locust_harness_cpu_percent_max: float | None
+    locust_results: str = Field(description="Locust's results folder.")
+    tokens_per_s_lost_percent: float | None = Field(description="(1 - Locust / median own client) x 100.")
+
+
+class CeilingProbe(BaseModel):
+    prompt: str
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+
+
+class BenchResult(BaseModel):
+    schema_id: str = Field(RESULT_SCHEMA, alias="schema")
+    mode: str
+    command: str = Field(description="The command line that produced this file.")
+    started_utc: str
+    duration_s: float
+    machine: Machine
+    profile: str
+    target: str
+    draft: str
+    prompts_file: str
+    plan: BenchPlan
+    ceiling_prompt: str | None
+    ceiling_probes: list[CeilingProbe]
+    throughput: list[ThroughputPoint]
+    cold_starts: list[ColdStart]
+    checks: list[ChecksOverhead]
+    harness: HarnessOverhead | None
+    recommendations: list[Recommendation]
+    notes: list[str] = Field(default_factory=list)
+
+    model_config = {"populate_by_name": True}

@@ -1,0 +1,332 @@
+"""The benchmark run: which servers are up when, and what is measured against what.
+
+Order (at most two servers up at once, each start measured as a cold start):
+  1. the plain target (A) starts and stays up;
+  2. for each k (the profile's k last): a spec server (B) starts; for `repeats` rounds, at every concurrency, one
+     A sample then one B sample (A B A B); then the same on the repeating "ceiling" prompt at concurrency 1;
+  3. after the last k, A stops; the same spec configuration starts again with the runtime checks off, and on/off
+     are interleaved the same way; then Locust runs against the spec server at the highest concurrency.
+The speed-up model is calibrated on the largest k and checked against the other k of the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from bench.client import BenchClient, Sample
+from bench.plan import BenchPlan
+from bench.result import (
+    AcceptanceFigures,
+    BenchResult,
+    CeilingProbe,
+    ChecksOverhead,
+    HarnessOverhead,
+    Machine,
+    ThroughputPoint,
+)
+from bench.servers import ColdStart, LiveServer, measured_server
+from bench.speedup_model import Recommendation, recommend
+from bench.stats import paired_ratios, spread
+from serve.command import build_command
+from serve.profile import Profile
+
+RUNTIME_CHECKS_ENV = "KIMI_EAGLE_RUNTIME_CHECKS"  # read by adapter.plugin in every vLLM process
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run as asked; the message says why and how to fix it."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_prompts(path: Path) -> list[str]:
+    if not path.is_file():
+        raise BenchError(f"no held-out prompts at {path}: they are written with the trained pair "
+                         f"(`kimi-eagle fixtures --rebuild`), or give --prompts FILE (a JSON list of strings)")
+    try:
+        prompts = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BenchError(f"{path} is not JSON ({exc}): give a JSON list of prompt strings") from None
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise BenchError(f"{path} must be a non-empty JSON list of non-empty prompt strings")
+    return prompts
+
+
+def ceiling_candidates(prompts: list[str], count: int) -> list[str]:
+    """Prompts that repeat a short phrase many times: the target's greedy continuation keeps repeating it, which a
+    draft predicts almost always. No draft proposes a target's greedy tokens in general; this is how an
+    "always right" draft can be measured with the real pair, same servers, same requests."""
+    out = []
+    for prompt in prompts[:count]:
+        phrase = " ".join(prompt.split()[:6])
+        out.append(" ".join([phrase] * 10))
+    return out
+
+
+def machine_now(load_before: tuple[float, float, float]) -> Machine:
+    model = "unknown"
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+                      if line.startswith("Model name")), model)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return Machine(cpu_model=model, cpus=os.cpu_count() or 0,
+                   memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
+                   load_average_before=list(load_before), load_average_after=list(os.getloadavg()),
+                   vllm_version=_version("vllm"), torch_version=_version("torch"))
+
+
+def compile_cache_note() -> str:
+    """Cold starts are faster when vLLM's torch.compile cache already holds the graphs: say which case this was."""
+    cache = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")) / "torch_compile_cache"
+    files = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else 0
+    state = "warm (for the configurations compiled before)" if files else "empty"
+    return (f"vLLM's torch.compile cache ({cache}) held {files} files when the run began: the cold starts here are "
+            f"process starts with a {state} compile cache")
+
+
+def _version(module: str) -> str | None:
+    import importlib.metadata
+
+    for dist in (module, f"{module}-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def summed_acceptance(samples: list[Sample]) -> AcceptanceFigures | None:
+    figures = [s.acceptance for s in samples if s.acceptance is not None and s.acceptance.num_verify_steps]
+    if not figures:
+        return None
+    steps = sum(a.num_verify_steps or 0 for a in figures)
+    drafted = sum(a.num_draft_tokens or 0 for a in figures)
+    accepted = sum(a.num_accepted_tokens or 0 for a in figures)
+    positions = max(len(a.per_position_acceptance_rate or []) for a in figures)
+    per_position = [sum((a.per_position_acceptance_rate or [0.0] * positions)[j] * (a.num_verify_steps or 0)
+                        for a in figures) / steps for j in range(positions)]
+    return AcceptanceFigures(verify_steps=steps, draft_tokens=drafted, accepted_tokens=accepted,
+                             mean_acceptance_length=1 + accepted / steps,
+                             acceptance_rate=accepted / drafted if drafted else None, per_position=per_position)
+
+
+@dataclass
+class PairedSamples:
+    a: list[Sample] = field(default_factory=list)
+    b: list[Sample] = field(default_factory=list)
+
+
+class Bench:
+    def __init__(self, plan: BenchPlan, profile: Profile, *, target: str | None, draft: str | None,
+                 prompts: list[str], prompts_file: Path, files_dir: Path, command_line: str,
+                 say: Callable[[str], None]) -> None:
+        self.plan, self.profile, self.target, self.draft = plan, profile, target, draft
+        self.prompts, self.prompts_file, self.files_dir = prompts, prompts_file, files_dir
+        self.command_line, self.say = command_line, say
+        self.cold_starts: list[ColdStart] = []
+        self.points: list[ThroughputPoint] = []
+        self.checks: list[ChecksOverhead] = []
+        self.harness: HarnessOverhead | None = None
+        self.ceiling_prompt: str | None = None
+        self.probes: list[CeilingProbe] = []
+        self.notes: list[str] = []
+
+    # --- servers -------------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _server(self, config: str, k: int | None, *, checks: bool = True, others: int = 0) -> Iterator[LiveServer]:
+        command = build_command(self.profile, target=self.target, draft=self.draft, no_draft=k is None,
+                                num_speculative_tokens=k, port=free_port(),
+                                extra_args=[w for name, value in self.plan.vllm_overrides.items()
+                                            for w in (f"--{name}", value)])
+        if not checks:
+            command.env[RUNTIME_CHECKS_ENV] = "0"
+        log = self.files_dir / "logs" / f"{config}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.say(f"starting {config} ({'with' if k else 'without'} the draft{f', k={k}' if k else ''}; log {log})")
+        live = None
+        try:
+            with measured_server(command, config=config, num_speculative_tokens=k, log=log,
+                                 others_running=others) as live:
+                self.say(f"  {config}: healthy after {live.cold_start.seconds_to_healthy:.1f}s, first token after "
+                         f"{live.cold_start.seconds_to_first_token:.1f}s")
+                yield live
+        finally:
+            if live is not None:
+                self.cold_starts.append(live.finish())
+
+    def _client(self, live: LiveServer) -> BenchClient:
+        return BenchClient(live.url, live.model, self.plan.max_tokens)
+
+    # --- the run -------------------------------------------------------------------------------------------------
+
+    def run(self) -> BenchResult:
+        started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        t0, load_before = time.perf_counter(), os.getloadavg()
+        profile_k = self.profile.speculative.num_speculative_tokens
+        last_k = profile_k if profile_k in self.plan.ks else max(self.plan.ks)
+        order = [k for k in self.plan.ks if k != last_k] + [last_k]
+        self.notes.append(compile_cache_note())
+        with ExitStack() as plain_stack:
+            plain = plain_stack.enter_context(self._server("plain", None))
+            for k in order:
+                with self._server(f"spec-k{k}", k, others=1) as spec:
+                    if self.ceiling_prompt is None:
+                        self._probe_ceiling(self._client(spec))
+                    self._sweep(self._client(plain), self._client(spec), k)
+                    if k == last_k:
+                        plain_stack.close()  # two servers at most: the checks-off twin replaces the plain one
+                        if self.plan.checks_concurrency:
+                            self._checks_phase(spec, k)
+                        self._harness_phase(spec, k)
+        result = BenchResult(
+            mode=self.plan.mode, command=self.command_line, started_utc=started_utc,
+            duration_s=time.perf_counter() - t0, machine=machine_now(load_before), profile=self.profile.name,
+            target=self.target or self.profile.target, draft=self.draft or str(self.profile.draft),
+            prompts_file=str(self.prompts_file), plan=self.plan, ceiling_prompt=self.ceiling_prompt,
+            ceiling_probes=self.probes, throughput=self.points, cold_starts=self.cold_starts, checks=self.checks,
+            harness=self.harness, recommendations=self._recommendations(), notes=self.notes)
+        return result
+
+    def _probe_ceiling(self, spec: BenchClient) -> None:
+        for candidate in ceiling_candidates(self.prompts, self.plan.ceiling_candidates):
+            acceptance = spec.measure([candidate], 1, 1, with_acceptance=True).acceptance
+            self.probes.append(CeilingProbe(prompt=candidate, acceptance_rate=acceptance and acceptance.acceptance_rate,
+                                            mean_acceptance_length=acceptance and acceptance.mean_acceptance_length))
+        best = max(self.probes, key=lambda p: p.acceptance_rate or 0.0)
+        self.ceiling_prompt = best.prompt
+        rate = "n/a" if best.acceptance_rate is None else f"{best.acceptance_rate:.2f}"
+        self.say(f"  ceiling prompt (acceptance rate {rate}): {best.prompt[:60]!r}...")
+
+    def _sweep(self, plain: BenchClient, spec: BenchClient, k: int) -> None:
+        cells: dict[tuple[str, int], PairedSamples] = {}
+        workloads = [("held-out", c, self.prompts) for c in self.plan.concurrency]
+        workloads.append(("ceiling", 1, [self.ceiling_prompt or self.prompts[0]]))
+        for round_no in range(1, self.plan.repeats + 1):
+            for name, c, prompts in workloads:
+                n = self.plan.ceiling_requests_per_sample if name == "ceiling" else self.plan.requests_at(c)
+                cell = cells.setdefault((name, c), PairedSamples())
+                cell.a.append(plain.measure(prompts, c, n))
+                cell.b.append(spec.measure(prompts, c, n, with_acceptance=True))
+            line = ", ".join(f"{name} c={c}: {cells[name, c].a[-1].tokens_per_s:.0f} -> "
+                             f"{cells[name, c].b[-1].tokens_per_s:.0f}" for name, c, _ in workloads)
+            self.say(f"  k={k} round {round_no}/{self.plan.repeats} (tok/s plain -> spec): {line}")
+        for (name, c), cell in cells.items():
+            a = [s.tokens_per_s for s in cell.a]
+            b = [s.tokens_per_s for s in cell.b]
+            identical = None
+            if c == 1:
+                pairs = list(zip(cell.a[0].token_ids, cell.b[0].token_ids))
+                identical = [sum(x == y for x, y in pairs), len(pairs)]
+            self.points.append(ThroughputPoint(
+                workload=name, num_speculative_tokens=k, concurrency=c, requests_per_sample=cell.a[0].requests,
+                plain_tokens_per_s=spread(a), spec_tokens_per_s=spread(b),
+                speedup_of_medians=spread(b).median / spread(a).median,
+                paired_speedup=spread(paired_ratios(b, a)), acceptance=summed_acceptance(cell.b),
+                identical_outputs=identical))
+
+    def _checks_phase(self, spec_on: LiveServer, k: int) -> None:
+        with self._server(f"spec-k{k}-checks-off", k, checks=False, others=1) as spec_off:
+            on, off = self._client(spec_on), self._client(spec_off)
+            for c in self.plan.checks_concurrency:
+                n = self.plan.requests_at(c)
+                cell = PairedSamples()
+                for _ in range(self.plan.repeats):
+                    cell.a.append(on.measure(self.prompts, c, n))
+                    cell.b.append(off.measure(self.prompts, c, n))
+                self.checks.append(checks_overhead(k, c, [s.tokens_per_s for s in cell.a],
+                                                   [s.tokens_per_s for s in cell.b]))
+                self.say(f"  runtime checks at c={c}: {self.checks[-1].verdict}")
+
+    def _harness_phase(self, spec: LiveServer, k: int) -> None:
+        from loadtest.runner import LoadTestError, LocustRun, run_locust
+        from loadtest.workload import Workload
+
+        c = max(self.plan.concurrency)
+        client = self._client(spec)
+        own = [client.measure(self.prompts, c, self.plan.requests_at(c)) for _ in range(self.plan.repeats)]
+        prompts_jsonl = self.files_dir / "heldout_prompts.jsonl"
+        prompts_jsonl.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in self.prompts))
+        workload = Workload(url=spec.url, model=spec.model, stream=False, prompts=str(prompts_jsonl),
+                            max_tokens=self.plan.max_tokens, ignore_eos=True, temperature=0.0)
+        out = self.files_dir / "locust"
+        run = LocustRun(workload=workload, out_dir=out, users=c, spawn_rate=float(4 * c),
+                        run_time=self.plan.locust_run_time, label=f"bench harness overhead, spec k={k}")
+        self.say(f"  Locust: {c} users for {self.plan.locust_run_time} against spec-k{k}")
+        # Locust runs as a child process: getrusage(RUSAGE_CHILDREN) grows by exactly its CPU time once it is reaped.
+        before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        try:
+            _, summary = run_locust(run, timeout_s=600)
+        except LoadTestError as exc:
+            self.notes.append(f"Locust harness run failed: {exc}")
+            summary = None
+        after, locust_wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - t0
+        locust_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        own_tps = spread([s.tokens_per_s for s in own])
+        own_cpu = 1000 * sum(s.client_cpu_s for s in own) / sum(s.completion_tokens for s in own)
+        locust_tps = summary.throughput.output_tokens_per_s if summary else None
+        locust_tokens = summary.tokens.completion_tokens_total if summary else None
+        self.harness = HarnessOverhead(
+            concurrency=c, server=f"spec-k{k}", own_client_tokens_per_s=own_tps,
+            own_client_cpu_s_per_1k_tokens=own_cpu,
+            own_client_cpu_percent=100 * sum(s.client_cpu_s for s in own) / sum(s.seconds for s in own),
+            locust_tokens_per_s=locust_tps, locust_cpu_percent=100 * locust_cpu / locust_wall,
+            locust_wall_s=locust_wall,
+            locust_cpu_s_per_1k_tokens=1000 * locust_cpu / locust_tokens if locust_tokens else None,
+            locust_requests_ok=summary.requests.ok if summary else None,
+            locust_harness_cpu_percent_max=summary.client_overhead.harness_cpu_percent_max if summary else None,
+            locust_results=str(out),
+            tokens_per_s_lost_percent=(1 - locust_tps / own_tps.median) * 100 if locust_tps else None)
+
+    def _recommendations(self) -> list[Recommendation]:
+        recs, notes = recommendations(self.points)
+        self.notes += notes
+        return recs
+
+
+def recommendations(points: list[ThroughputPoint]) -> tuple[list[Recommendation], list[str]]:
+    """At each concurrency: the speed-up model from the held-out sweep, its best k, checked against the sweep.
+    Pure: `kimi-eagle bench --report FILE` recomputes it from a results file."""
+    out, notes = [], []
+    for c in sorted({p.concurrency for p in points}):
+        by_k = {p.num_speculative_tokens: p for p in points
+                if p.workload == "held-out" and p.concurrency == c and p.acceptance is not None}
+        if not by_k:
+            notes.append(f"no recommendation at concurrency {c}: no acceptance figures")
+            continue
+        largest = by_k[max(by_k)]
+        measured = {k: (p.paired_speedup.median, p.paired_speedup.min, 1 + sum(p.acceptance.per_position))
+                    for k, p in by_k.items()}
+        out.append(recommend(c, largest.acceptance.per_position, measured))
+    return out, notes
+
+
+def checks_overhead(k: int, concurrency: int, on: list[float], off: list[float]) -> ChecksOverhead:
+    s_on, s_off = spread(on), spread(off)
+    cost = (s_off.median / s_on.median - 1) * 100
+    noise = max(s_on.relative_range, s_off.relative_range) / 2 * 100
+    goal = "meets the 1% goal" if abs(cost) <= 1 else "misses the 1% goal"
+    where = "inside" if abs(cost) <= noise else "outside"
+    verdict = (f"checks cost {cost:+.2f}% of tokens/s ({goal}); noise band +/-{noise:.2f}%, so the difference is "
+               f"{where} the noise")
+    return ChecksOverhead(num_speculative_tokens=k, concurrency=concurrency, checks_on_tokens_per_s=s_on,
+                          checks_off_tokens_per_s=s_off, cost_percent=cost,
+                          paired_off_over_on=spread(paired_ratios(off, on)), noise_band_percent=noise,
+                          verdict=verdict)
