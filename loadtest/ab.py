@@ -48,7 +48,9 @@ class AbSummary(BaseModel):
 class Figure:
     name: str
     pick: Callable[[RunSummary], float | None]
-    higher_is_better: bool
+    # None: the figure describes the traffic and is neither better nor worse (tokens per chunk is 1 without
+    # speculation): the verdict then says only higher or lower.
+    higher_is_better: bool | None
     digits: int = 1
 
 
@@ -79,7 +81,7 @@ FIGURES = [
     *[Figure(f"ITL per token {p} (ms)", _d("itl_per_token_ms", p), False, 2) for p in ("p50", "p90", "p99")],
     *[Figure(f"inter-chunk latency {p} (ms)", _d("inter_chunk_latency_ms", p), False, 2) for p in ("p50", "p99")],
     *[Figure(f"end-to-end latency {p} (ms)", _d("e2e_latency_ms", p), False) for p in ("p50", "p99")],
-    Figure("tokens per chunk (mean)", _d("tokens_per_chunk", "mean"), True, 2),
+    Figure("tokens per chunk (mean)", _d("tokens_per_chunk", "mean"), None, 2),
     Figure("acceptance rate", _acc("acceptance_rate"), True, 3),
     Figure("mean acceptance length", _acc("mean_acceptance_length"), True, 3),
 ]
@@ -114,6 +116,8 @@ def compare(figure: Figure, a: list[RunSummary], b: list[RunSummary]) -> dict[st
         verdict = "no verdict (needs 2+ rounds per side)"
     elif abs(mb - ma) <= max(sa, sb):
         verdict = "within round-to-round spread"
+    elif figure.higher_is_better is None:
+        verdict = f"B {'higher' if mb > ma else 'lower'}"
     else:
         better = (mb > ma) == figure.higher_is_better
         verdict = f"B {'better' if better else 'worse'}"

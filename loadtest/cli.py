@@ -11,8 +11,14 @@ from pydantic import ValidationError
 
 from loadtest.engines import ENGINES, EngineError, get_engine
 from loadtest.prompts import PromptError, load_prompts, shipped_sets
-from loadtest.runner import LoadTestError, LocustRun, run_locust
-from loadtest.summary import RunSummary
+from loadtest.runner import (
+    LoadTestError,
+    LoadTestInterrupted,
+    LocustRun,
+    run_locust,
+    sigterm_as_keyboard_interrupt,
+)
+from loadtest.summary import EXIT_INTERRUPTED, RunSummary
 from loadtest.workload import Workload
 
 
@@ -77,8 +83,9 @@ def _workload(args: argparse.Namespace, url: str, engine: str, rate: float | Non
                         tpot_limit_ms=args.tpot_limit_ms, request_rate_per_s=rate,
                         logprob_token_counts=args.logprob_token_counts)
     load_prompts(workload.prompts or "", workload.api, workload.seed)  # bad prompt files fail here, not in Locust
-    if workload.model is None:
-        workload.model = get_engine(engine, url).served_model()  # also checks that the server answers
+    # Always asked, --model or not: an unreachable server or a refused key fails here, in one clear line.
+    served = get_engine(engine, url).served_model()
+    workload.model = workload.model or served
     return workload
 
 
@@ -112,7 +119,25 @@ def print_summary(s: RunSummary) -> None:
                       f"{a.per_position_acceptance_rate}")
 
 
+def _interrupted(command: str, exc: KeyboardInterrupt) -> None:
+    summary = exc.summary if isinstance(exc, LoadTestInterrupted) else None
+    if summary is not None:
+        print_summary(summary)
+    where = (f"; results so far in {exc.out_dir} (summary.json says interrupted)" if summary is not None else
+             f"; Locust wrote no results in {exc.out_dir}" if isinstance(exc, LoadTestInterrupted) else "")
+    print(f"kimi-eagle {command}: interrupted{where}", file=sys.stderr)
+
+
 def run_loadtest(args: argparse.Namespace) -> int:
+    try:
+        with sigterm_as_keyboard_interrupt():
+            return _run_loadtest(args)
+    except KeyboardInterrupt:  # while the server is probed, or a second Ctrl-C while writing: nothing more to do
+        print("kimi-eagle loadtest: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run_loadtest(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / time.strftime("loadtest-%Y%m%d-%H%M%S")
     try:
         users = _numbers(args.users, int)
@@ -123,35 +148,60 @@ def run_loadtest(args: argparse.Namespace) -> int:
     except (ValueError, PromptError, EngineError, ValidationError) as exc:
         return _fail("loadtest", str(exc))
     points = [(u, None) for u in users] if rates == [None] else [(users[0], r) for r in rates]
-    summaries, folders, worst = [], [], 0
-    for u, rate in points:
-        folder = out if len(points) == 1 else out / (f"rate-{rate:g}" if rate else f"users-{u}")
-        run = LocustRun(workload=workload.model_copy(update={"request_rate_per_s": rate}), out_dir=folder,
-                        users=u, spawn_rate=args.spawn_rate, run_time=args.run_time, workers=args.workers,
-                        max_requests=args.max_requests, label=args.label)
-        try:
-            code, summary = run_locust(run)
-        except LoadTestError as exc:
-            return _fail("loadtest", str(exc))
-        print_summary(summary)
-        summaries.append(summary)
-        folders.append(str(folder.relative_to(out)) if folder != out else ".")
-        worst = max(worst, code)
+    summaries: list[RunSummary] = []
+    folders: list[str] = []
+    worst = 0
+    try:
+        for u, rate in points:
+            folder = out if len(points) == 1 else out / (f"rate-{rate:g}" if rate else f"users-{u}")
+            run = LocustRun(workload=workload.model_copy(update={"request_rate_per_s": rate}), out_dir=folder,
+                            users=u, spawn_rate=args.spawn_rate, run_time=args.run_time, workers=args.workers,
+                            max_requests=args.max_requests, label=args.label)
+            name = str(folder.relative_to(out)) if folder != out else "."
+            try:
+                code, summary = run_locust(run)
+            except LoadTestError as exc:
+                return _fail("loadtest", str(exc))
+            except LoadTestInterrupted as exc:
+                if exc.summary is not None:  # an interrupted point is kept, marked so in its summary
+                    summaries.append(exc.summary)
+                    folders.append(name)
+                raise
+            summaries.append(summary)
+            folders.append(name)
+            worst = max(worst, code)
+            print_summary(summary)
+    except KeyboardInterrupt as exc:
+        _interrupted("loadtest", exc)
+        if len(points) > 1 and summaries:
+            _write_sweep(out, summaries, folders)
+        return EXIT_INTERRUPTED
     if len(points) > 1:
-        from loadtest.files import write_atomic, write_model
-        from loadtest.report import plot_sweep, sweep_markdown
-        from loadtest.summary import SweepSummary
-
-        write_model(out / "summary.json", SweepSummary(points=summaries, folders=folders))
-        plot_sweep(summaries, out / "throughput.png")
-        write_atomic(out / "report.md", sweep_markdown(summaries, folders))
+        _write_sweep(out, summaries, folders)
     print(f"results: {out}/summary.json, {out}/report.md")
     return worst
 
 
-def run_ab(args: argparse.Namespace) -> int:
-    from loadtest.ab import AbSummary, SideRounds, fairness_checks, write_ab
+def _write_sweep(out: Path, summaries: list[RunSummary], folders: list[str]) -> None:
+    from loadtest.files import write_atomic, write_model
+    from loadtest.report import plot_sweep, sweep_markdown
+    from loadtest.summary import SweepSummary
 
+    write_model(out / "summary.json", SweepSummary(points=summaries, folders=folders))
+    plot_sweep(summaries, out / "throughput.png")
+    write_atomic(out / "report.md", sweep_markdown(summaries, folders))
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    try:
+        with sigterm_as_keyboard_interrupt():
+            return _run_ab(args)
+    except KeyboardInterrupt:  # while the servers are probed, or a second Ctrl-C while writing
+        print("kimi-eagle ab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run_ab(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         return _fail("ab", "--rounds must be at least 1 (2 or more for verdicts)")
     out = args.out or Path("results") / time.strftime("ab-%Y%m%d-%H%M%S")
@@ -163,20 +213,37 @@ def run_ab(args: argparse.Namespace) -> int:
     rounds: dict[str, list[RunSummary]] = {"A": [], "B": []}
     folders: dict[str, list[str]] = {"A": [], "B": []}
     worst = 0
-    for r in range(1, args.rounds + 1):
-        for side, workload in sides.items():
-            folder = f"round{r}-{side}"
-            run = LocustRun(workload=workload, out_dir=out / folder, users=args.users, spawn_rate=args.spawn_rate,
-                            run_time=args.run_time, workers=args.workers, max_requests=args.max_requests,
-                            label=f"{side} round {r}")
-            try:
-                code, summary = run_locust(run)
-            except LoadTestError as exc:
-                return _fail("ab", f"{side} round {r}: {exc}")
-            print_summary(summary)
-            rounds[side].append(summary)
-            folders[side].append(folder)
-            worst = max(worst, code)
+    try:
+        for r in range(1, args.rounds + 1):
+            for side, workload in sides.items():
+                folder = f"round{r}-{side}"
+                run = LocustRun(workload=workload, out_dir=out / folder, users=args.users,
+                                spawn_rate=args.spawn_rate, run_time=args.run_time, workers=args.workers,
+                                max_requests=args.max_requests, label=f"{side} round {r}")
+                try:
+                    code, summary = run_locust(run)
+                except LoadTestError as exc:
+                    return _fail("ab", f"{side} round {r}: {exc}")
+                rounds[side].append(summary)
+                folders[side].append(folder)
+                worst = max(worst, code)
+                print_summary(summary)
+    except KeyboardInterrupt as exc:
+        _interrupted("ab", exc)
+        # Only whole rounds are compared: an interrupted one stays in its folder, out of the report.
+        complete = min(len(rounds["A"]), len(rounds["B"]))
+        if complete:
+            _write_ab(args, out, {k: v[:complete] for k, v in rounds.items()},
+                      {k: v[:complete] for k, v in folders.items()})
+        return EXIT_INTERRUPTED
+    _write_ab(args, out, rounds, folders)
+    return worst
+
+
+def _write_ab(args: argparse.Namespace, out: Path, rounds: dict[str, list[RunSummary]],
+              folders: dict[str, list[str]]) -> None:
+    from loadtest.ab import AbSummary, SideRounds, fairness_checks, write_ab
+
     summary = AbSummary(
         a=SideRounds(url=args.a, engine=args.a_engine, rounds=rounds["A"], folders=folders["A"]),
         b=SideRounds(url=args.b, engine=args.b_engine, rounds=rounds["B"], folders=folders["B"]),
@@ -186,4 +253,3 @@ def run_ab(args: argparse.Namespace) -> int:
         print(f"fairness: {check.setting}: A={check.a} B={check.b}: {check.verdict}")
     write_ab(out, summary)
     print(f"report: {out}/report.md")
-    return worst

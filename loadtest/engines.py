@@ -23,6 +23,7 @@ SGLang (read in its source, 0.5.x; see docs in `describe_sources`):
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -37,6 +38,19 @@ from loadtest.records import RequestRecord, SpecRequestFigures
 
 class EngineError(RuntimeError):
     """The engine's HTTP endpoints could not be read; the message names the URL and the fix."""
+
+
+API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
+
+
+def api_key_from_env() -> str | None:
+    """The key a protected server wants, from the first of API_KEY_ENVS that is set (vLLM's own name first)."""
+    return next((key for name in API_KEY_ENVS if (key := os.environ.get(name))), None)
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer` for a key; nothing without one. Never log the result."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 class Sample(BaseModel):
@@ -137,9 +151,10 @@ class EngineReader(ABC):
     metric_prefix: ClassVar[str]
 
     def __init__(self, url: str, timeout_s: float = 10.0, api_key: str | None = None) -> None:
+        """`api_key` None: the one in the environment (`api_key_from_env`), if any."""
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = auth_headers(api_key or api_key_from_env())
 
     def _get(self, path: str) -> requests.Response:
         try:
@@ -147,6 +162,10 @@ class EngineReader(ABC):
         except requests.RequestException as exc:
             raise EngineError(f"cannot reach {self.url}{path}: {exc.__class__.__name__}: is the server running "
                               f"and the URL right?") from None
+        if response.status_code in (401, 403):
+            told = "the key in the environment was refused" if self.headers else "no key was sent"
+            raise EngineError(f"{self.url}{path} answered {response.status_code}: the server wants an API key and "
+                              f"{told}: set {' or '.join(API_KEY_ENVS)} to the key it was started with")
         return response
 
     def metrics_text(self) -> str:

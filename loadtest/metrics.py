@@ -92,14 +92,14 @@ def _overhead(ok: list[RequestRecord], timing: ServerTiming | None, cpu_max: flo
 def summarise(records: list[RequestRecord], *, workload: Workload, locust: LocustSettings, model: str,
               acceptance: Acceptance | None = None, timing: ServerTiming | None = None,
               server_config: ServerConfig | None = None, cpu_max: float | None = None,
-              label: str | None = None) -> RunSummary:
+              label: str | None = None, interrupted: bool = False) -> RunSummary:
     ok = [r for r in records if r.ok]
     errors = Counter((r.error or "unknown error")[:80] for r in records if not r.ok)
     throughput = _throughput(ok, records)
     per_request_tps = [r.completion_tokens / (r.latency_ms / 1000) for r in ok
                        if r.completion_tokens and r.latency_ms]
     return RunSummary(
-        label=label, workload=workload, locust=locust, model=model,
+        label=label, interrupted=interrupted, workload=workload, locust=locust, model=model,
         started_unix_s=min((r.start_unix_s for r in records), default=None),
         requests=RequestCounts(total=len(records), ok=len(ok), failed=len(records) - len(ok), errors=dict(errors)),
         ttft_ms=distribution([r.ttft_ms for r in ok if r.ttft_ms is not None]),

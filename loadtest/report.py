@@ -43,7 +43,9 @@ def plot_latency_cdfs(series: dict[str, list[RequestRecord]], path: Path) -> Pat
         ax.set_title(title)
         ax.set_ylabel("fraction of samples")
         ax.grid(alpha=0.3)
-        if len(series) > 1:
+        if not ax.lines:  # e.g. ITL per token from a server that sends no per-chunk token counts
+            ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+        elif len(series) > 1:
             ax.legend(fontsize=8)
     fig.suptitle("Latency CDFs")
     return save_figure(fig, path)
@@ -108,6 +110,8 @@ def run_markdown(s: RunSummary) -> str:
     loop = (f"open loop, {w.request_rate_per_s} req/s" if w.request_rate_per_s
             else f"closed loop, {s.locust.users} users")
     lines = [f"# Load test: {s.label or w.url}", "",
+             *(["**Interrupted** (Ctrl-C or SIGTERM): these figures cover only the requests answered until then.",
+                ""] if s.interrupted else []),
              f"- server: `{w.url}` ({w.engine}), model `{s.model}`",
              f"- workload: `{w.api}` API, {'streaming' if w.stream else 'not streaming'}, prompts `{w.prompts}` "
              f"(seed {w.seed}), max_tokens {w.max_tokens}, ignore_eos {w.ignore_eos}, temperature {w.temperature}",

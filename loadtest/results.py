@@ -26,7 +26,7 @@ FILES = {
 
 def write_run(out_dir: Path, *, records: list[RequestRecord], workload: Workload, locust: LocustSettings,
               model: str, engine: EngineReader, before: EngineSnapshot | None, after: EngineSnapshot | None,
-              cpu_max: float | None, label: str | None) -> RunSummary:
+              cpu_max: float | None, label: str | None, interrupted: bool = False) -> RunSummary:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "requests.jsonl", records)
     acceptance = timing = config = None
@@ -37,7 +37,8 @@ def write_run(out_dir: Path, *, records: list[RequestRecord], workload: Workload
         timing = engine.server_timing(before, after)
         config = engine.server_config(after)
     summary = summarise(records, workload=workload, locust=locust, model=model, acceptance=acceptance,
-                        timing=timing, server_config=config, cpu_max=cpu_max, label=label)
+                        timing=timing, server_config=config, cpu_max=cpu_max, label=label,
+                        interrupted=interrupted)
     plot_latency_cdfs({label or "run": records}, out_dir / "latency_cdf.png")
     plot_acceptance({label or "run": acceptance.per_position_acceptance_rate if acceptance else None},
                     out_dir / "acceptance_per_position.png")

@@ -1,15 +1,23 @@
 """Run Locust on our locustfile as child processes (one local process, or a master and N workers) and read the
-results folder it leaves. Locust runs in its own processes: gevent's monkey-patching stays out of ours."""
+results folder it leaves. Locust runs in its own processes: gevent's monkey-patching stays out of ours.
+
+Ctrl-C or SIGTERM (see `sigterm_as_keyboard_interrupt`) stops Locust the way Locust itself expects, with SIGTERM:
+the master first, which writes the results gathered so far (marked interrupted), then the workers.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from loadtest.results import load_summary
 from loadtest.summary import RunSummary
@@ -18,8 +26,37 @@ from loadtest.workload import Workload
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 
 
+# After SIGTERM Locust writes the results at once, then lets requests in flight finish (up to --stop-timeout): do
+# not wait that long for a run the user wants stopped.
+STOP_GRACE_S = 20.0
+
+
 class LoadTestError(RuntimeError):
     """Locust did not produce a results folder; the message says why."""
+
+
+class LoadTestInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run: Locust was stopped; `summary` holds what it had gathered (None if nothing
+    was written)."""
+
+    def __init__(self, out_dir: Path, summary: RunSummary | None) -> None:
+        super().__init__(f"interrupted: {out_dir}")
+        self.out_dir = out_dir
+        self.summary = summary
+
+
+@contextmanager
+def sigterm_as_keyboard_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM takes the same path as Ctrl-C (Locust's processes run in their own session, so a
+    terminal's Ctrl-C reaches only us, and we stop them in order)."""
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -79,30 +116,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_locust(run: LocustRun, timeout_s: float | None = None) -> tuple[int, RunSummary]:
-    """Run Locust to the end; returns its exit code and the summary it wrote."""
-    run.out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    port = _free_port() if run.workers else None
-    master = subprocess.Popen(run.main_argv(port), env=env)
-    workers = [subprocess.Popen(run.worker_argv(port), env=env, stdout=subprocess.DEVNULL)
-               for _ in range(run.workers)] if port else []
+def _stop(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM (Locust's own clean shutdown), then SIGKILL after `grace_s`."""
+    if process.poll() is not None:
+        return
+    process.terminate()
     try:
-        code = master.wait(timeout=timeout_s)
-        for w in workers:
-            w.wait(timeout=30)
+        process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        raise LoadTestError(f"Locust did not finish within {timeout_s:.0f}s") from None
-    finally:
-        for p in [master, *workers]:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        process.kill()
+        process.wait()
+
+
+def _collect_csvs(run: LocustRun) -> None:
     for csv in sorted(run.csv_dir.glob("*.csv")):
         os.replace(csv, run.out_dir / csv.name)
     if run.csv_dir.is_dir():
         run.csv_dir.rmdir()
+
+
+def run_locust(run: LocustRun, timeout_s: float | None = None) -> tuple[int, RunSummary]:
+    """Run Locust to the end; returns its exit code and the summary it wrote. Raises LoadTestInterrupted on
+    Ctrl-C (and on SIGTERM inside `sigterm_as_keyboard_interrupt`), after Locust has written what it had."""
+    run.out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run.out_dir / "summary.json"
+    summary_path.unlink(missing_ok=True)  # a summary left by an earlier run in this folder must not pass for ours
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    port = _free_port() if run.workers else None
+    processes: list[subprocess.Popen] = []
+    try:
+        processes.append(subprocess.Popen(run.main_argv(port), env=env, start_new_session=True))
+        processes += [subprocess.Popen(run.worker_argv(port), env=env, stdout=subprocess.DEVNULL,
+                                       start_new_session=True) for _ in range(run.workers)]
+        code = processes[0].wait(timeout=timeout_s)
+        for worker in processes[1:]:
+            worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise LoadTestError(f"Locust did not finish within {timeout_s:.0f}s") from None
+    except KeyboardInterrupt:
+        for process in processes:  # the master first: it writes the results, then tells the workers to quit
+            _stop(process, STOP_GRACE_S)
+        _collect_csvs(run)
+        raise LoadTestInterrupted(run.out_dir, load_summary(summary_path) if summary_path.is_file() else None) \
+            from None
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    _collect_csvs(run)
     if not summary_path.is_file():
         raise LoadTestError(f"Locust exited with code {code} and wrote no {summary_path} (see its output above)")
     return code, load_summary(summary_path)

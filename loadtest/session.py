@@ -2,7 +2,12 @@
 
 Local and distributed modes give the same results: workers attach their new records to Locust's periodic
 report to the master (`report_to_master` / `worker_report`), and only the master (or the single local process)
-reads the engine and writes the results folder.
+reads the engine and writes the results folder. When a distributed run ends, the master first drains the workers
+(they stop their users, whose requests in flight finish, and send their last records) before Locust's own quit,
+which waits only half a second for the workers' final reports and would drop the tail of the run.
+
+Interrupted (Ctrl-C or SIGTERM, which Locust turns into its shutdown while users still run): the results gathered
+so far are written all the same, `summary.json` says `interrupted: true`, and the exit code is 130.
 """
 
 from __future__ import annotations
@@ -16,21 +21,31 @@ from typing import Any
 import gevent
 import psutil
 from locust.env import Environment
-from locust.runners import LocalRunner, MasterRunner, WorkerRunner
+from locust.runners import (
+    STATE_INIT,
+    STATE_MISSING,
+    STATE_RUNNING,
+    STATE_SPAWNING,
+    LocalRunner,
+    MasterRunner,
+    WorkerRunner,
+)
 from pydantic import ValidationError
 
 from loadtest.engines import EngineError, EngineSnapshot, get_engine
 from loadtest.prompts import PromptError
 from loadtest.records import RequestRecord
-from loadtest.summary import LocustSettings
+from loadtest.summary import EXIT_INTERRUPTED, LocustSettings
 from loadtest.user import STATE_KEY, RunState, run_state
 from loadtest.workload import Workload
 
 logger = logging.getLogger(__name__)
 RECORDS_KEY = "kimi_records"
+CPU_KEY = "kimi_cpu_percent"  # a worker's CPU use since its previous report (Locust's own figure starts after 20 s)
 PROGRESS_INTERVAL_S = 2.0
-
-
+DRAIN_MESSAGE = "kimi_eagle_drain"  # master -> worker: stop your users and send your last records
+FINAL_RECORDS_MESSAGE = "kimi_eagle_final_records"  # worker -> master: those records
+DRAIN_MARGIN_S = 15.0  # beyond --stop-timeout, for the messages themselves
 def add_options(parser: Any) -> None:
     """Our options in Locust's own parser (not in a group: only the parser takes include_in_web_ui): they
     show in the web UI and reach the workers."""
@@ -79,6 +94,9 @@ class Session:
         self.started = time.monotonic()
         self._greenlets: list[gevent.Greenlet] = []
         self._quitting = False
+        self._finished = False
+        self._drained = False
+        self.drained_workers: set[str] = set()
 
     def snapshot(self) -> EngineSnapshot | None:
         try:
@@ -93,20 +111,19 @@ class Session:
         self.workers = len(runner.clients) if isinstance(runner, MasterRunner) else 0
         self.before = self.snapshot()
         self.started = time.monotonic()
-        self._greenlets = [gevent.spawn(self._progress), gevent.spawn(self._sample_cpu)]
+        self._drained, self.drained_workers = False, set()  # the web UI may start several tests in one session
+        self.cpu_max = None
+        self._greenlets = [gevent.spawn(self._progress)]
+        if not isinstance(runner, MasterRunner):
+            self._greenlets.append(gevent.spawn(self._sample_cpu))
 
     def _sample_cpu(self) -> None:
-        runner = self.environment.runner
+        """Local mode: this process's CPU use, each second. (Workers send theirs with their reports.)"""
         me = psutil.Process()
         me.cpu_percent(interval=None)
         while True:
             gevent.sleep(1.0)
-            if isinstance(runner, MasterRunner):
-                # Workers report their CPU use with their stats (every 3 s).
-                usage = max((w.cpu_usage for w in runner.clients.values()), default=0.0)
-            else:
-                usage = me.cpu_percent(interval=None)
-            self.cpu_max = max(self.cpu_max or 0.0, float(usage))
+            self.cpu_max = max(self.cpu_max or 0.0, me.cpu_percent(interval=None))
 
     def _progress(self) -> None:
         last_tokens, last_t = 0, time.monotonic()
@@ -124,7 +141,7 @@ class Session:
             self._stop_when_all_sent()
             sys.stderr.write(f"[{now - self.started:6.1f}s] users {runner.user_count if runner else 0} | "
                              f"{len(ok)} ok, {len(records) - len(ok)} failed | {rate:7.1f} tok/s | "
-                             f"TTFT p50 {ttft} | cpu {self.cpu_max or 0:.0f}%\n")
+                             f"TTFT p50 {ttft} | cpu {'n/a' if self.cpu_max is None else f'{self.cpu_max:.0f}%'}\n")
             sys.stderr.flush()
 
     def _stop_when_all_sent(self) -> None:
@@ -136,8 +153,35 @@ class Session:
             self._quitting = True
             gevent.spawn(self.environment.runner.quit)
 
+    def drain_workers(self) -> None:
+        """Distributed mode, at the end of a run: every worker stops its users (requests in flight finish, within
+        --stop-timeout) and sends the records its periodic reports have not carried yet."""
+        runner = self.environment.runner
+        if not isinstance(runner, MasterRunner) or self._drained or self._finished:
+            return  # after an interruption the results are already written: do not wait for anyone
+        self._drained = True
+        expected = {c.id for c in runner.clients.all if c.state != STATE_MISSING}
+        for client_id in expected:
+            runner.send_message(DRAIN_MESSAGE, None, client_id)
+        wait_s = (self.environment.stop_timeout or 0.0) + DRAIN_MARGIN_S
+        deadline = time.monotonic() + wait_s
+        while not expected <= self.drained_workers and time.monotonic() < deadline:
+            gevent.sleep(0.1)
+        if missing := expected - self.drained_workers:
+            logger.warning("%d of %d workers did not send their last records within %.0f s: the summary lacks "
+                           "their final requests", len(missing), len(expected), wait_s)
+
+    def on_final_records(self, client_id: str, records: list[dict[str, Any]]) -> None:
+        self.state.records.extend(RequestRecord.model_validate(d) for d in records)
+        self.drained_workers.add(client_id)
+
     def finish(self) -> int:
         """Write the results (when --results-dir is set) and return the exit code."""
+        runner = self.environment.runner
+        # Locust's shutdown (Ctrl-C, SIGTERM) fires `quitting` while users still run; a run that ended by itself
+        # (--run-time, --max-requests, the web UI's stop) has stopped them first.
+        interrupted = runner is not None and runner.state in (STATE_INIT, STATE_SPAWNING, STATE_RUNNING)
+        self._finished = True
         for g in self._greenlets:
             g.kill(block=False)
         # Read the engine only now: in distributed mode the master's test_stop comes before the workers have
@@ -145,7 +189,6 @@ class Session:
         if self.before is not None:
             self.after = self.snapshot()
         o = self.environment.parsed_options
-        runner = self.environment.runner
         records = sorted(self.state.records, key=lambda r: r.start_unix_s)
         settings = LocustSettings(
             users=getattr(o, "num_users", None), spawn_rate_per_s=getattr(o, "spawn_rate", None),
@@ -157,11 +200,15 @@ class Session:
 
             summary = write_run(Path(o.results_dir), records=records, workload=self.state.workload,
                                 locust=settings, model=self.state.model, engine=self.engine, before=self.before,
-                                after=self.after, cpu_max=self.cpu_max, label=o.label or None)
-            sys.stderr.write(f"results: {o.results_dir}/summary.json, report.md\n")
+                                after=self.after, cpu_max=self.cpu_max, label=o.label or None,
+                                interrupted=interrupted)
+            sys.stderr.write(f"results{' so far (interrupted)' if interrupted else ''}: "
+                             f"{o.results_dir}/summary.json, report.md\n")
             bad_tokens = summary.tokens.per_chunk_count_mismatches
         else:
             bad_tokens = 0
+        if interrupted:
+            return EXIT_INTERRUPTED
         failed = sum(not r.ok for r in records)
         if not records or failed or bad_tokens:
             logger.error("run not clean: %d requests, %d failed, %d with per-chunk token counts that disagree "
@@ -190,11 +237,24 @@ def on_init(environment: Environment) -> None:
     runner = environment.runner
     setattr(environment, STATE_KEY, _build_state(environment))  # bad options fail here, before any user starts
     if isinstance(runner, WorkerRunner):
+        me = psutil.Process()
+        me.cpu_percent(interval=None)  # the first call only starts the measurement
+
         def attach(client_id: str, data: dict[str, Any]) -> None:
             state = run_state(environment)
             data[RECORDS_KEY], state.unsent = state.unsent, []
+            data[CPU_KEY] = me.cpu_percent(interval=None)
 
         environment.events.report_to_master.add_listener(attach)
+
+        def drain(environment: Environment, msg: Any, **_: Any) -> None:
+            environment.runner.stop()  # returns once the users' requests in flight have finished
+            state = run_state(environment)
+            records, state.unsent = state.unsent, []
+            environment.runner.send_message(FINAL_RECORDS_MESSAGE, {RECORDS_KEY: records})
+
+        # concurrent: stopping the users takes as long as their last requests, and must not hold up heartbeats.
+        runner.register_message(DRAIN_MESSAGE, drain, concurrent=True)
         # The master sends its options (the web UI form's too) with each new test: build the state again.
         environment.events.test_start.add_listener(
             lambda **_: setattr(environment, STATE_KEY, _build_state(environment)))
@@ -206,8 +266,13 @@ def on_init(environment: Environment) -> None:
     if isinstance(runner, MasterRunner):
         def collect(client_id: str, data: dict[str, Any]) -> None:
             session.state.records.extend(RequestRecord.model_validate(d) for d in data.get(RECORDS_KEY, []))
+            if data.get(CPU_KEY) is not None:
+                session.cpu_max = max(session.cpu_max or 0.0, float(data[CPU_KEY]))
 
         environment.events.worker_report.add_listener(collect)
+        runner.register_message(FINAL_RECORDS_MESSAGE, lambda environment, msg, **_: session.on_final_records(
+            msg.node_id, (msg.data or {}).get(RECORDS_KEY, [])))
+        environment.events.test_stopping.add_listener(lambda **_: session.drain_workers())
 
     def start(**_: Any) -> None:
         session.state = _build_state(environment)  # the web UI may have changed the options or the host

@@ -11,6 +11,7 @@ from loadtest.engines import Acceptance, ServerConfig
 from loadtest.workload import Workload
 
 SUMMARY_SCHEMA = "kimi-eagle/loadtest-summary/1"
+EXIT_INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)
 
 
 class Distribution(BaseModel):
@@ -97,6 +98,8 @@ class ClientOverhead(BaseModel):
 class RunSummary(BaseModel):
     schema_id: str = Field(SUMMARY_SCHEMA, alias="schema")
     label: str | None = Field(None, description="Free text: which server / round this run is.")
+    interrupted: bool = Field(False, description="Stopped by Ctrl-C or SIGTERM before its end: the figures cover "
+                                                 "the requests answered until then.")
     workload: Workload
     locust: LocustSettings
     model: str

@@ -19,10 +19,10 @@ from typing import Any
 import gevent
 from gevent.pool import Pool
 from locust import task
-from locust.contrib.fasthttp import FastHttpUser
+from locust.contrib.fasthttp import FAILURE_EXCEPTIONS, FastHttpUser
 from locust.env import Environment
 
-from loadtest.engines import get_engine
+from loadtest.engines import api_key_from_env, auth_headers, get_engine
 from loadtest.prompts import PromptLine, load_prompts
 from loadtest.records import RequestRecord, StreamAccumulator, spec_figures_from
 from loadtest.workload import Workload
@@ -30,6 +30,9 @@ from loadtest.workload import Workload
 # Open loop: at most this many requests in flight per user (and connections in its pool); arrivals beyond it
 # wait for a connection, which shows up as TTFT, as it would for a real client.
 OPEN_LOOP_MAX_IN_FLIGHT = 256
+# After a request that got no HTTP answer (refused, reset, timed out, stream cut), a user waits this long before
+# its next one: a dead server then gives a failure a second per user, not a busy loop of them.
+CONNECTION_ERROR_BACKOFF_S = 1.0
 
 
 @dataclass
@@ -95,6 +98,9 @@ class OpenAIUser(FastHttpUser):
         self.state = run_state(self.environment)
         self.rng = random.Random(f"{self.state.workload.seed}-{self.state.worker}-{id(self)}")
         self.pool = Pool(OPEN_LOOP_MAX_IN_FLIGHT)
+        # Read here, in the Locust process, and kept out of Workload: summary.json never holds the key.
+        self.headers = auth_headers(api_key_from_env())
+        self.backoff_until = 0.0
 
     def wait_time(self) -> float:
         rate = self.state.workload.request_rate_per_s
@@ -113,6 +119,9 @@ class OpenAIUser(FastHttpUser):
 
     @task
     def send(self) -> None:
+        pause = self.backoff_until - time.monotonic()
+        if pause > 0:
+            gevent.sleep(pause)
         picked = self.state.next_request()
         if picked is None:
             gevent.sleep(1.0)  # this process has sent its share of --max-requests; wait for the run to end
@@ -129,20 +138,25 @@ class OpenAIUser(FastHttpUser):
         acc = StreamAccumulator()
         final: dict[str, Any] = {}
         error: str | None = None
+        connection_lost = False
         start_unix = time.time()
         t0 = time.perf_counter()
         with self.client.post(workload.path, json=body, stream=workload.stream, catch_response=True,
-                              name=name) as response:
+                              name=name, headers=self.headers) as response:
             status = response.status_code or None
-            if getattr(response, "error", None) is not None or status != 200:
+            if status is None:
+                connection_lost = True
+                error = f"no HTTP answer: {_exception_text(getattr(response, 'error', None))}"
+            elif getattr(response, "error", None) is not None or status != 200:
                 error = f"HTTP {status}: {_error_text(response)}"
             elif workload.stream:
                 raw = response._response  # geventhttpclient's response: see the module docstring
                 try:
                     while line := raw.readline(b"\n"):
                         acc.feed(line, (time.perf_counter() - t0) * 1000)
-                except OSError as exc:
-                    error = f"stream broken: {exc.__class__.__name__}: {exc}"
+                except FAILURE_EXCEPTIONS as exc:  # what geventhttpclient raises for a cut or timed-out stream
+                    connection_lost = True
+                    error = f"stream broken: {_exception_text(exc)}"
                 error = error or acc.error or (None if acc.done else "stream ended without [DONE]")
             else:
                 try:
@@ -159,6 +173,8 @@ class OpenAIUser(FastHttpUser):
                 response.failure(error)
             else:
                 response.success()
+        if connection_lost:
+            self.backoff_until = time.monotonic() + CONNECTION_ERROR_BACKOFF_S
         self.state.add(RequestRecord(
             worker=self.state.worker, index=index, prompt_index=prompt_index, api=workload.api,
             stream=workload.stream, start_unix_s=start_unix, ok=error is None, error=error,
@@ -168,10 +184,12 @@ class OpenAIUser(FastHttpUser):
             spec=acc.spec if workload.stream else spec_figures_from(final)))
 
 
+def _exception_text(exc: BaseException | None) -> str:
+    return "unknown error" if exc is None else f"{exc.__class__.__name__}: {exc}"
+
+
 def _error_text(response: Any) -> str:
-    if getattr(response, "error", None) is not None:
-        return f"{response.error.__class__.__name__}: {response.error}"
     try:
         return (response.text or "")[:200]
-    except (OSError, ValueError):
+    except (*FAILURE_EXCEPTIONS, ValueError):
         return "(no body)"

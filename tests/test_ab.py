@@ -3,16 +3,21 @@ speculating and a plain vLLM server."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from loadtest.ab import FIGURES, compare, fairness_checks
+import pytest
+
+from loadtest.ab import FIGURES, AbSummary, compare, fairness_checks
 from loadtest.engines import Acceptance, ServerConfig
 from loadtest.metrics import summarise
 from loadtest.records import RequestRecord
+from loadtest.results import load_summary
 from loadtest.summary import LocustSettings, RunSummary
 from loadtest.workload import Workload
+from tests.test_loadtest import StandIn
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,3 +70,67 @@ def test_fairness_checks_name_differences_and_unknowns() -> None:
     assert checks["num_speculative_tokens"] == "DIFFERS"
     assert checks["dtype"] == "not exposed by A"
     assert checks["workload (prompts, seed, max_tokens, ...)"] == "same"
+
+
+def test_interrupted_ab_reports_the_whole_rounds_only(sglang_recordings: Path, tmp_path: Path) -> None:
+    a, b = StandIn(sglang_recordings, line_delay_s=0.01), StandIn(sglang_recordings, line_delay_s=0.02)
+    out = tmp_path / "ab"
+    cli = subprocess.Popen([sys.executable, "-m", "kimi_eagle.cli", "ab", "--a", a.url, "--a-engine", "sglang",
+                            "--b", b.url, "--b-engine", "sglang", "--rounds", "3", "--run-time", "60s",
+                            "--max-tokens", "16", "--max-requests", "3", "--out", str(out)],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert cli.stderr is not None
+        for line in cli.stderr:
+            if "B round 1:" in line:  # the title of B's first summary: round 2 starts now
+                break
+        else:
+            pytest.fail("the A/B never finished its first round")
+        cli.send_signal(signal.SIGTERM)
+        _, stderr = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        a.close()
+        b.close()
+    assert cli.returncode == 130, stderr[-2000:]
+    summary = AbSummary.model_validate_json((out / "ab_summary.json").read_text())
+    assert (len(summary.a.rounds), len(summary.b.rounds)) == (1, 1)
+    assert "| 1 | A |" in (out / "report.md").read_text() and "| 2 | A |" not in (out / "report.md").read_text()
+    partial = out / "round2-A" / "summary.json"
+    assert not partial.exists() or load_summary(partial).interrupted
+
+
+def test_tokens_per_chunk_gets_no_better_or_worse() -> None:
+    def run(tokens_per_chunk: float) -> RunSummary:
+        record = RequestRecord(worker="t", index=0, prompt_index=0, api="completions", stream=True, start_unix_s=0,
+                               ok=True, ttft_ms=1.0, latency_ms=10.0, completion_tokens=4, prompt_tokens=1,
+                               chunk_offsets_ms=[1.0, 5.0], chunk_tokens=[1, int(tokens_per_chunk)])
+        return summarise([record], workload=Workload(url="http://x"), locust=LocustSettings(users=1), model="m")
+
+    figure = next(f for f in FIGURES if f.name == "tokens per chunk (mean)")
+    # Speculation (A) sends several tokens per chunk, plain decoding (B) one: a difference, not a merit.
+    assert compare(figure, [run(3), run(3)], [run(1), run(1)])["verdict"] == "B lower"
+
+
+@pytest.mark.e2e
+def test_real_ab_speculation_against_none(spec_server, plain_server, tmp_path: Path) -> None:
+    out = tmp_path / "ab"
+    result = run_cli("ab", "--a", spec_server.url, "--b", plain_server.url, "--rounds", "2", "--run-time", "20s",
+                     "--max-tokens", "32", "--max-requests", "6", "--out", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    summary = AbSummary.model_validate_json((out / "ab_summary.json").read_text())
+    assert [s.acceptance.speculation for s in summary.a.rounds if s.acceptance] == ["on", "on"]
+    assert [s.acceptance.speculation for s in summary.b.rounds if s.acceptance] == ["off", "off"]
+    assert all(s.acceptance and (s.acceptance.mean_acceptance_length or 0) > 1 for s in summary.a.rounds)
+    assert all((s.throughput.output_tokens_per_s or 0) > 0 for s in summary.a.rounds + summary.b.rounds)
+    throughput_row = next(line for line in report.splitlines() if line.startswith("| output tokens/s |"))
+    assert "n/a" not in throughput_row.split("|")[2] and "n/a" not in throughput_row.split("|")[3]
+    assert "- B: no speculation" in report
+    assert "| num_speculative_tokens | 3 | 0 | DIFFERS |" in report  # the point of this A/B, said plainly
+    for name in ("latency_cdf.png", "rounds.png", "acceptance_per_position.png", "round1-A/requests.jsonl",
+                 "round2-B/locust_stats.csv"):
+        assert (out / name).is_file(), name
+    table = [line for line in report.splitlines() if line.startswith("| ")]
+    print("\nA/B e2e report table:\n" + "\n".join(table))

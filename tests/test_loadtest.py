@@ -4,19 +4,31 @@ tiny served model (local and distributed)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
+import psutil
 import pytest
 
+from loadtest.engines import API_KEY_ENVS
 from loadtest.files import write_atomic
 from loadtest.metrics import summarise
 from loadtest.prompts import PromptError, load_prompts, shipped_sets
 from loadtest.records import RequestRecord, StreamAccumulator
 from loadtest.results import load_records, load_summary
+from loadtest.runner import LocustRun, run_locust
 from loadtest.summary import LocustSettings, RunSummary
 from loadtest.workload import Workload
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,3 +166,238 @@ def check_run(out: Path, max_tokens: int) -> RunSummary:
     return summary
 
 
+class StandIn:
+    """A stand-in OpenAI server for the tests that need no engine: it replays a real SGLang 0.5.23 stream (from
+    ../shared/recordings) for every POST /v1/completions, a line every `line_delay_s`, and answers the GETs the
+    SGLang reader makes with the recorded bodies. With `key` set, every path wants `Authorization: Bearer key`."""
+
+    GETS: ClassVar[dict[str, str]] = {"/v1/models": "v1_models.json", "/get_server_info": "get_server_info.raw.json",
+            "/metrics": "metrics_after.txt"}
+
+    def __init__(self, recordings: Path, line_delay_s: float = 0.05, key: str | None = None) -> None:
+        self.stream_lines = (recordings / "v1_completions_stream.sse.txt").read_bytes().splitlines(keepends=True)
+        self.bodies = {path: (recordings / name).read_bytes() for path, name in self.GETS.items()}
+        self.line_delay_s = line_delay_s
+        self.key = key
+        self.authorizations: list[str | None] = []  # the header of every request, as received
+        self.streams_completed = 0
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _authorised(self) -> bool:
+                header = self.headers.get("Authorization")
+                with stand_in._lock:
+                    stand_in.authorizations.append(header)
+                if stand_in.key is None or header == f"Bearer {stand_in.key}":
+                    return True
+                self._send(401, b'{"error": {"message": "needs an API key", "code": 401}}')
+                return False
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self._authorised():
+                    body = stand_in.bodies.get(self.path)
+                    self._send(200 if body is not None else 404, body or b"{}")
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                if not self._authorised():
+                    return
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                try:
+                    for line in stand_in.stream_lines:
+                        time.sleep(stand_in.line_delay_s if line.strip() else 0)
+                        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except OSError:
+                    return  # the client went away
+                with stand_in._lock:
+                    stand_in.streams_completed += 1
+
+        return Handler
+
+
+@pytest.fixture
+def stand_in(sglang_recordings: Path) -> Iterator[StandIn]:
+    server = StandIn(sglang_recordings)
+    yield server
+    server.close()
+
+
+def _loadtest_args(url: str, out: Path, *extra: str) -> list[str]:
+    return ["loadtest", "--url", url, "--engine", "sglang", "--model", "tiny-llama", "--max-tokens", "16",
+            "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_run_stops_locust_and_keeps_what_it_gathered(stand_in: StandIn, tmp_path: Path,
+                                                                 sig: signal.Signals) -> None:
+    out = tmp_path / "run"
+    cli = subprocess.Popen([sys.executable, "-m", "kimi_eagle.cli",
+                            *_loadtest_args(stand_in.url, out, "--users", "2", "--run-time", "5m")],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The live progress line shows answered requests: interrupt then, well before --run-time.
+        assert cli.stderr is not None
+        for line in cli.stderr:
+            if re.search(r"users 2 \| [1-9]\d* ok", line):
+                break
+        else:
+            pytest.fail("Locust never reported an answered request")
+        locust = psutil.Process(cli.pid).children(recursive=True)
+        assert locust, "Locust runs as a child process"
+        cli.send_signal(sig)
+        _, stderr = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 130, stderr[-2000:]
+    assert "interrupted; results so far in" in stderr and "Traceback" not in stderr
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in locust)
+    summary = load_summary(out / "summary.json")
+    assert summary.interrupted is True and summary.requests.ok >= 1
+    assert len(load_records(out / "requests.jsonl")) == summary.requests.total
+    assert (out / "report.md").read_text().count("**Interrupted**") == 1
+    assert (out / "locust_stats.csv").is_file() and not (out / ".locust-csv").exists()
+
+
+def test_a_dead_server_gets_a_request_a_second_per_user_not_a_busy_loop(tmp_path: Path) -> None:
+    # Locust itself (the CLI refuses a dead server before it starts): as if the server died during a run.
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every connection is refused
+    run = LocustRun(workload=Workload(url=dead, model="m", max_tokens=16), out_dir=tmp_path / "dead", users=2,
+                    run_time="4s")
+    code, summary = run_locust(run, timeout_s=120)
+    assert code == 1  # failed requests: a run that is not clean
+    # 2 users x (4 s / 1 s back-off, + the first attempt) at most; without the back-off, thousands.
+    assert 2 <= summary.requests.total <= 2 * 6, summary.requests
+    assert summary.requests.ok == 0
+    assert all(msg.startswith("no HTTP answer: ConnectionRefusedError") for msg in summary.requests.errors)
+    assert summary.acceptance is None  # the engine could not be read: unknown, not zero
+
+
+@pytest.mark.parametrize("variable", ["VLLM_API_KEY", "OPENAI_API_KEY"])
+def test_api_key_from_the_environment_is_sent_and_never_written(sglang_recordings: Path, tmp_path: Path,
+                                                                variable: str) -> None:
+    key = f"sk-test-{variable.lower()}-5f3a9c"
+    server = StandIn(sglang_recordings, line_delay_s=0.0, key=key)
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in API_KEY_ENVS}
+        out = tmp_path / "run"
+        args = _loadtest_args(server.url, out, "--max-requests", "3", "--run-time", "60s")
+        refused = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", *args], cwd=REPO, capture_output=True,
+                                 text=True, timeout=60, env=env)
+        assert refused.returncode == 2
+        assert "answered 401: the server wants an API key and no key was sent: set VLLM_API_KEY or " \
+               "OPENAI_API_KEY" in refused.stderr and "Traceback" not in refused.stderr
+        result = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", *args], cwd=REPO, capture_output=True,
+                                text=True, timeout=120, env={**env, variable: key})
+    finally:
+        server.close()
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = load_summary(out / "summary.json")
+    assert summary.requests.ok == 3 and summary.acceptance is not None  # the engine's GETs got through too
+    sent = server.authorizations[server.authorizations.index(f"Bearer {key}"):]
+    assert len(sent) >= 3 + 2 and set(sent) == {f"Bearer {key}"}
+    assert key not in result.stdout + result.stderr
+    assert not [p for p in out.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+
+
+def test_distributed_run_ended_by_run_time_loses_no_request(stand_in: StandIn, tmp_path: Path) -> None:
+    # Each request takes about a second; --run-time ends the run with requests in flight on both workers. The
+    # master drains the workers first, so every stream the server completed is in the summary.
+    stand_in.line_delay_s = 0.06
+    out = tmp_path / "dist"
+    result = run_cli(*_loadtest_args(stand_in.url, out, "--workers", "2", "--users", "2", "--run-time", "6s"),
+                     timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = load_summary(out / "summary.json")
+    records = load_records(out / "requests.jsonl")
+    assert summary.locust.mode == "distributed" and summary.locust.workers == 2
+    assert summary.requests.failed == 0 and summary.interrupted is False
+    assert summary.requests.total == len(records) == stand_in.streams_completed
+    assert len({r.worker for r in records}) == 2
+    assert summary.client_overhead.harness_cpu_percent_max is not None  # the workers report theirs
+
+
+@pytest.mark.e2e
+def test_real_run_against_the_speculating_server(spec_server, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_cli("loadtest", "--url", spec_server.url, "--users", "2", "--run-time", "15s", "--max-tokens",
+                     "32", "--max-requests", "10", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = check_run(out, 32)
+    acceptance = summary.acceptance
+    assert acceptance is not None and acceptance.speculation == "on"
+    assert acceptance.acceptance_rate is not None and acceptance.acceptance_rate > 0
+    assert acceptance.mean_acceptance_length is not None and acceptance.mean_acceptance_length > 1
+    assert acceptance.num_speculative_tokens == 3 and len(acceptance.per_position_acceptance_rate or []) == 3
+    # Several tokens per chunk is what speculation looks like on the wire.
+    assert summary.tokens_per_chunk is not None and summary.tokens_per_chunk.max > 1
+    overhead = summary.client_overhead
+    assert overhead.server_mean_ttft_ms is not None and overhead.overhead_ms is not None
+    assert "users 2 |" in result.stderr  # the live progress line
+    print(f"\nloadtest e2e (spec server): {summary.requests.ok} requests, acceptance rate "
+          f"{acceptance.acceptance_rate:.3f}, mean acceptance length {acceptance.mean_acceptance_length:.3f}, per "
+          f"position {[round(r, 3) for r in acceptance.per_position_acceptance_rate or []]}, "
+          f"{summary.throughput.output_tokens_per_s:.1f} output tok/s, TTFT p50 {summary.ttft_ms.p50:.1f} ms, "
+          f"client mean TTFT {overhead.client_mean_ttft_ms:.1f} ms vs server {overhead.server_mean_ttft_ms:.1f} ms "
+          f"(harness {overhead.overhead_ms:.1f} ms), tokens per chunk mean {summary.tokens_per_chunk.mean:.2f} max "
+          f"{summary.tokens_per_chunk.max:.0f}, per-chunk counts match usage "
+          f"{summary.tokens.per_chunk_counts_match_usage}")
+
+
+
+@pytest.mark.e2e
+def test_chat_without_streaming(spec_server, tmp_path: Path) -> None:
+    out = tmp_path / "chat"
+    result = run_cli("loadtest", "--url", spec_server.url, "--api", "chat", "--no-stream", "--run-time", "10s",
+                     "--max-tokens", "16", "--max-requests", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = load_summary(out / "summary.json")
+    assert summary.requests.ok >= 1 and summary.ttft_ms is None  # no stream, no TTFT: unknown, not zero
+    assert summary.tokens.completion_tokens_total == 16 * summary.requests.ok
+
+
+
+@pytest.mark.e2e
+def test_distributed_mode_gives_the_same_summary(spec_server, tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    result = run_cli("loadtest", "--url", spec_server.url, "--api", "chat", "--workers", "2", "--users", "2",
+                     "--run-time", "15s", "--max-tokens", "24", "--max-requests", "8", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = check_run(out, 24)
+    assert summary.locust.mode == "distributed" and summary.locust.workers == 2
+    assert len({r.worker for r in load_records(out / "requests.jsonl")}) == 2
+    assert summary.acceptance is not None and summary.acceptance.speculation == "on"
+    assert summary.client_overhead.harness_cpu_percent_max is not None  # measured on the workers, not a zero
+    print(f"\nloadtest e2e (distributed, 2 workers): {summary.requests.ok} requests from "
+          f"{sorted({r.worker for r in load_records(out / 'requests.jsonl')})}, "
+          f"{summary.throughput.output_tokens_per_s:.1f} output tok/s, TTFT p50 {summary.ttft_ms.p50:.1f} ms, "
+          f"mean acceptance length {summary.acceptance.mean_acceptance_length:.3f}, harness CPU max "
+          f"{summary.client_overhead.harness_cpu_percent_max}%")
