@@ -3,6 +3,15 @@
 The probe lets the target continue each prompt greedily, so the draft is judged on the target's own text.
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CalibrationError(ValueError):
+    """The user's prompts file cannot be used; the message says why."""
+
+
 CALIBRATION_PROMPTS = [
     "def read_config(path):\n    \"\"\"Read a JSON configuration file and return it as a dictionary.\"\"\"\n",
     "import os\nimport sys\n\n\ndef main():\n    args = sys.argv[1:]\n",
@@ -21,3 +30,16 @@ CALIBRATION_PROMPTS = [
     "Raises ValueError if the string is not a valid number. ",
     "A thread is a separate flow of execution. This means that your program will ",
 ]
+
+
+def calibration_prompts(prompts_file: Path | None = None) -> list[str]:
+    """The shipped prompts, or the user's: a text file, one prompt a line (blank lines skipped)."""
+    if prompts_file is None:
+        return list(CALIBRATION_PROMPTS)
+    try:
+        prompts = [line for line in prompts_file.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise CalibrationError(f"cannot read the prompts file {prompts_file}: {exc.strerror}") from None
+    if not prompts:
+        raise CalibrationError(f"{prompts_file} holds no prompts (one a line)")
+    return prompts

@@ -3,7 +3,7 @@ often the draft's first proposal (step 0) equals the target's next token with th
 with alternatives. The draft runs as `fixtures.draft_model.Eagle3Draft`, which computes what vLLM computes.
 
 For models that fit on this machine (the target runs in transformers, float32): the tiny Kimi-K2.5 pair.
-Offline acceptance through a real engine is not measured here.
+The other half of `--probe`, offline acceptance through the real engine, is `doctor/engine_probe.py`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ class ProbeError(RuntimeError):
     """The probe cannot run on this pair; the message says why."""
 
 
+class TargetTooBigError(ProbeError):
+    """The target cannot run on this machine: the probe is skipped, which is no fault of the pair."""
+
+
 class ProbeVariant(BaseModel):
     label: str
     ids: list[int]
@@ -44,7 +48,6 @@ class ProbeResult(BaseModel):
     configured: list[int]
     variants: list[ProbeVariant]
     verdict: Literal["configured ids fit best", "other ids fit better", "no agreement"]
-    engine_acceptance: str = "not measured (offline acceptance through vLLM is not run by the probe)"
 
     def findings(self) -> list[Finding]:
         best = max(self.variants, key=lambda v: v.agreement)
@@ -111,10 +114,7 @@ def load_target(folder: Path):
     if text.get("model_type") != "deepseek_v3":
         raise ProbeError(f"the probe runs DeepSeek-V3-family targets (Kimi-K2.5); this one is "
                          f"{text.get('model_type')!r}")
-    params = sum(_numel(i.shape) for i in checkpoint.tensors.values())
-    if params > MAX_TARGET_PARAMS:
-        raise ProbeError(f"the target has {params / 1e9:.0f}B parameters: too big for a CPU probe "
-                         f"(limit {MAX_TARGET_PARAMS / 1e9:.0f}B); run it on the tiny pair")
+    check_runnable_here(folder)
     config = DeepseekV3Config(**{k: v for k, v in text.items() if k not in ("model_type", "architectures", "dtype")})
     model = DeepseekV3ForCausalLM(config).to(torch.float32)
     missing, unexpected = model.load_state_dict(_target_state(folder), strict=False)
@@ -123,6 +123,19 @@ def load_target(folder: Path):
         raise ProbeError(f"the target's tensors do not fit DeepseekV3ForCausalLM: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
     return model.eval()
+
+
+def check_runnable_here(folder: Path) -> None:
+    """Raise TargetTooBigError for a target this machine cannot run (the probe's limit, for transformers and vLLM)."""
+    try:
+        checkpoint = open_checkpoint(folder)
+    except CheckpointError as exc:
+        raise ProbeError(str(exc)) from None
+    params = sum(_numel(i.shape) for i in checkpoint.tensors.values())
+    if params > MAX_TARGET_PARAMS:
+        raise TargetTooBigError(f"the target has {params / 1e9:.0f}B parameters: too big for a CPU probe "
+                           f"(limit {MAX_TARGET_PARAMS / 1e9:.0f}B); run it on the tiny pair, or give --probe-url "
+                           "of a vLLM server that serves this pair")
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -165,14 +178,12 @@ def load_draft(folder: Path, target):
 def prompt_tokens(target_dir: Path, prompts_file: Path | None) -> list[list[int]]:
     from tokenizers import Tokenizer
 
-    from doctor.calibration import CALIBRATION_PROMPTS
+    from doctor.calibration import CalibrationError, calibration_prompts
 
-    if prompts_file is not None:
-        prompts = [line for line in prompts_file.read_text().splitlines() if line.strip()]
-        if not prompts:
-            raise ProbeError(f"{prompts_file} holds no prompts (one a line)")
-    else:
-        prompts = CALIBRATION_PROMPTS
+    try:
+        prompts = calibration_prompts(prompts_file)
+    except CalibrationError as exc:
+        raise ProbeError(str(exc)) from None
     tokenizer_file = target_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ProbeError(f"{target_dir} has no tokenizer.json")
@@ -265,5 +276,5 @@ def probe_table(result: ProbeResult):
         style = "bold green" if v.agreement == best else ""
         table.add_row(v.label, json.dumps(v.ids), f"[{style}]{v.agreement:.1%}[/]" if style else f"{v.agreement:.1%}")
     style = "green" if result.verdict == "configured ids fit best" else "yellow"
-    table.caption = f"[{style}]{result.verdict}[/]; {result.engine_acceptance}"
+    table.caption = f"[{style}]{result.verdict}[/]"
     return table

@@ -1,15 +1,31 @@
-"""`doctor --probe`: the draft's step-0 agreement with the target for the configured aux ids and alternatives."""
+"""`doctor --probe`: the draft's step-0 agreement with the target for the configured aux ids and alternatives, and
+the offline acceptance through vLLM itself (on the session's speculative server via --probe-url, and on a server
+doctor starts and stops)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
+import requests
+from rich.console import Console
 
 import tests.broken_drafts as bd
+from adapter.checks import Severity
+from doctor.calibration import CALIBRATION_PROMPTS
+from doctor.engine_probe import MAX_TOKENS, EngineProbe, acceptance_table
 from doctor.probe import ProbeError, probe_aux_ids
 from kimi_eagle.cli import main
+from loadtest.engines import Acceptance
+from tests.conftest import Server, free_port
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +56,242 @@ def test_wrong_ids_are_caught(tmp_path: Path) -> None:
 def test_user_prompts_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def main():\n\nThe function returns\n")
-    code = main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), "--probe",
+    code = main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), "--agreement-only",
                  "--prompts", str(prompts), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == report["exit_code"]
     assert report["probe"]["prompts"] == 2 and report["probe"]["variants"][0]["label"] == "configured"
+    assert report["engine_probe"] is None  # --agreement-only starts no server
 
 
 def test_probe_refuses_a_target_too_big_for_this_machine(tmp_path: Path) -> None:
     target = bd.kimi_target(tmp_path / "kimi")
     with pytest.raises(ProbeError, match="too big"):
         probe_aux_ids(bd.kimi_draft(tmp_path / "draft", [2, 30, 58]), target)
+
+
+def test_a_target_too_big_for_this_machine_skips_both_parts_and_says_why(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    target, draft = bd.kimi_target(tmp_path / "kimi"), bd.kimi_draft(tmp_path / "draft", [2, 30, 58])
+    code = main(["doctor", str(draft), "--target", str(target), "--probe", "--json"])
+    report = json.loads(capsys.readouterr().out)  # one JSON document: no engine was started, nothing else printed
+    assert code == report["exit_code"]
+    assert report["probe"] is None
+    assert "too big" in report["engine_probe"]["skipped"] and "--probe-url" in report["engine_probe"]["skipped_fix"]
+    skipped = {f["code"]: f for f in report["findings"] if f["code"].endswith("skipped")}
+    assert set(skipped) == {"probe-skipped", "engine-probe-skipped"}
+    assert all(f["severity"] == 0 and "too big" in f["found"] for f in skipped.values())
+
+
+def test_a_draft_refused_for_vllm_starts_no_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    draft = bd.build("zero_o_proj", tmp_path)  # refused (weight-zero) but loadable: the step-0 probe runs
+    assert main(["doctor", str(draft), "--target", str(bd.SOURCE_TARGET), "--probe", "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["probe"]["variants"]
+    assert "refuse" in report["engine_probe"]["skipped"] and report["engine_probe"]["acceptance"] is None
+
+
+def test_contradicting_probe_options_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    target = str(bd.SOURCE_TARGET)
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--target", target, "--agreement-only",
+                 "--probe-url", "http://127.0.0.1:1"]) == 2
+    assert "--agreement-only runs no vLLM server" in capsys.readouterr().err
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--target", target, "--probe-url", "http://127.0.0.1:1",
+                 "--probe-profile", "tiny-cpu"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--probe-url", "http://127.0.0.1:1"]) == 2  # implies --probe
+    assert "--probe needs --target" in capsys.readouterr().err
+
+
+def test_an_unreadable_prompts_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.txt"
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), "--probe",
+                 "--prompts", str(missing)]) == 2
+    assert f"cannot read the prompts file {missing}" in capsys.readouterr().err
+
+
+def test_a_probe_url_with_no_server_behind_it_names_the_url(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main():\n")
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), "--probe-url", url,
+                 "--prompts", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach {url}/" in err and "is the server running" in err
+
+
+def test_an_unknown_probe_profile_lists_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main():\n")
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), "--probe-profile", "no-such",
+                 "--prompts", str(prompts)]) == 2
+    assert "no profile 'no-such': known profiles are" in capsys.readouterr().err
+
+
+def _acceptance(rate: float, per_position: list[float]) -> Acceptance:
+    drafts, k = 100, len(per_position)
+    accepted = round(rate * drafts * k)
+    return Acceptance(speculation="on", source="vLLM counters", num_verify_steps=drafts, num_draft_tokens=drafts * k,
+                      num_accepted_tokens=accepted, num_speculative_tokens=k, acceptance_rate=rate,
+                      mean_acceptance_length=1 + accepted / drafts, per_position_acceptance_rate=per_position)
+
+
+def test_acceptance_near_zero_is_a_warning_and_a_good_one_is_not() -> None:
+    """The original failure: the engine ran the draft and accepted almost nothing, without a word."""
+    collapsed = EngineProbe(prompts=16, max_tokens=64, acceptance=_acceptance(0.02, [0.05, 0.01, 0.0]))
+    [finding] = collapsed.findings()
+    assert finding.code == "engine-acceptance-low" and finding.severity == Severity.WARNING
+    assert "2.0%" in finding.found and "1.06" in finding.found
+    assert EngineProbe(prompts=16, max_tokens=64, acceptance=_acceptance(0.8, [0.9, 0.8, 0.7])).findings() == []
+
+
+def test_acceptance_table_shows_the_mean_length_and_each_position() -> None:
+    result = EngineProbe(server="given (--probe-url)", url="http://127.0.0.1:8000", prompts=16, max_tokens=64,
+                         completion_tokens=1024, seconds_generating=3.0, acceptance=_acceptance(0.8, [0.9, 0.8, 0.7]))
+    console = Console(record=True, width=200)
+    console.print(acceptance_table(result))
+    text = console.export_text()  # and clears the recording
+    assert "mean acceptance length" in text and "3.40" in text and "k=3" in text
+    assert all(rate in text for rate in ("90.0%", "80.0%", "70.0%")) and "position 3" in text
+    console.print(acceptance_table(EngineProbe(skipped="the target has 1000B parameters")))
+    text = console.export_text()
+    assert "skipped" in text and "1000B" in text
+
+
+# --- through vLLM (real servers) -----------------------------------------------------------------------------------
+def _report(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _check_acceptance(engine: dict) -> None:
+    acceptance = engine["acceptance"]
+    per_position = acceptance["per_position_acceptance_rate"]
+    assert acceptance["num_speculative_tokens"] == 3 and len(per_position) == 3
+    assert acceptance["mean_acceptance_length"] >= 2.5
+    assert per_position[0] > per_position[1] > per_position[2] > 0
+    # one definition: 1 + accepted / drafts is 1 + the sum of the per-position rates
+    assert acceptance["mean_acceptance_length"] == pytest.approx(1 + sum(per_position))
+    assert engine["prompts"] == len(CALIBRATION_PROMPTS) and engine["max_tokens"] == MAX_TOKENS
+    assert engine["completion_tokens"] > 0
+
+
+@pytest.mark.e2e
+def test_acceptance_through_the_running_vllm_server(spec_server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = _report(capsys, "--probe-url", spec_server.url)
+    engine = report["engine_probe"]
+    print(f"doctor --probe-url: mean acceptance length {engine['acceptance']['mean_acceptance_length']:.2f}, "
+          f"per position {engine['acceptance']['per_position_acceptance_rate']}")
+    assert code == 0 and engine["skipped"] is None
+    assert engine["server"] == "given (--probe-url)" and engine["url"] == spec_server.url
+    assert engine["model"] == spec_server.model
+    _check_acceptance(engine)
+    assert report["probe"]["verdict"] == "configured ids fit best"  # both halves of --probe ran
+
+
+@pytest.mark.e2e
+def test_a_server_without_speculation_is_named(plain_server: Server, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main():\n")
+    assert main(["doctor", str(bd.SOURCE_DRAFT), "--target", str(bd.SOURCE_TARGET), "--probe-url",
+                 plain_server.url, "--prompts", str(prompts)]) == 2
+    assert "runs without speculative decoding" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_probe_starts_vllm_for_the_pair_and_stops_it(capsys: pytest.CaptureFixture[str]) -> None:
+    already = {p.pid for p in _vllm_servers(psutil.Process())}  # the session's shared servers, if up
+    servers: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:  # the server doctor starts is our child while it runs
+        while not done.wait(0.5):
+            servers.update(p.pid for p in _vllm_servers(psutil.Process()) if p.pid not in already)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        code, report = _report(capsys, "--probe")
+    finally:
+        done.set()
+        watcher.join()
+    engine = report["engine_probe"]
+    print(f"doctor --probe (started vLLM, ready in {engine['seconds_to_ready']:.0f}s): mean acceptance length "
+          f"{engine['acceptance']['mean_acceptance_length']:.2f}, per position "
+          f"{engine['acceptance']['per_position_acceptance_rate']}")
+    assert code == 0 and engine["server"] == "started by doctor: vLLM, profile tiny-cpu"
+    assert engine["url"].startswith("http://127.0.0.1:") and engine["seconds_to_ready"] > 0
+    _check_acceptance(engine)
+    assert len(servers) == 1, f"expected one vLLM server while doctor ran, saw {len(servers)}"
+    assert not _outlived(servers.pop()), "processes of the vLLM server outlived doctor"
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{engine['url']}/health", timeout=5)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_probe_stops_the_server_it_started(sig: signal.Signals, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main():\n")
+    doctor = subprocess.Popen([sys.executable, "-m", "kimi_eagle.cli", "doctor", str(bd.SOURCE_DRAFT), "--target",
+                               str(bd.SOURCE_TARGET), "--probe", "--prompts", str(prompts)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = None
+    try:
+        server = _wait_for_vllm_child(doctor, timeout_s=300)
+        deadline = time.monotonic() + 180
+        while len(_session(server.pid)) < 2:  # interrupt while loading, once the engine core process exists
+            assert time.monotonic() < deadline, "vLLM started no engine process"
+            time.sleep(0.5)
+        doctor.send_signal(sig)
+        assert doctor.wait(timeout=60) == 130
+        assert "interrupted" in doctor.stderr.read()
+        assert not _outlived(server.pid), "processes of the vLLM server outlived doctor"
+    finally:  # a failed test must not leave an engine behind either
+        if doctor.poll() is None:
+            doctor.kill()
+        for p in _session(server.pid) if server else []:
+            p.kill()
+
+
+def _outlived(sid: int, grace_s: float = 30) -> list[psutil.Process]:
+    """The processes of the server's session still alive after a grace period. The server runs in a session of its
+    own (serve.launch.start); its engine core got the same signal and may take a moment longer than the API server."""
+    deadline = time.monotonic() + grace_s
+    while (alive := _session(sid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    alive = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return alive
+
+
+def _wait_for_vllm_child(doctor: subprocess.Popen, timeout_s: float) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert doctor.poll() is None, f"doctor exited with {doctor.returncode}: {doctor.stderr.read()}"
+        if servers := _vllm_servers(psutil.Process(doctor.pid)):
+            return servers[0]
+        time.sleep(0.5)
+    raise AssertionError(f"doctor started no vLLM server within {timeout_s}s")
+
+
+def _vllm_servers(parent: psutil.Process) -> list[psutil.Process]:
+    out = []
+    for child in parent.children():
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
