@@ -110,13 +110,14 @@ class RejectBadFields:
         body = b"".join(chunks)
         try:
             data = json.loads(body)
-        except ValueError:
-            data = None  # malformed JSON or bad UTF-8: vLLM's own parser answers with its 400
+        except (ValueError, RecursionError):
+            data = None  # malformed JSON, bad UTF-8, absurd nesting: vLLM's own parser answers with its 400
         unknown = sorted(set(data) - self.known[path]) if isinstance(data, dict) else []
         if unknown:
+            them = "them" if len(unknown) > 1 else "it"
             return await _send_error(
                 send, 400, f"unsupported parameter{'s' * (len(unknown) > 1)} for {path}: {', '.join(unknown)} "
-                           "(this server does not implement them; remove them or check the spelling)",
+                           f"(this server does not implement {them}; remove {them} or check the spelling)",
                 "BadRequestError", param=unknown[0])
         n = data.get("n") if isinstance(data, dict) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > self.max_n:

@@ -28,7 +28,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-speculative-tokens", "-k", type=int, help="draft tokens per step (overrides the profile)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1; others need an API key)")
     p.add_argument("--port", type=int, help="port (default from the profile)")
-    p.add_argument("--api-key", help="require this key from clients (or set VLLM_API_KEY)")
+    p.add_argument("--api-key", help="require this key from clients; prefer VLLM_API_KEY=KEY in the environment "
+                                     "(a key on the command line shows in `ps` to every user of the machine)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the vLLM command, validated by vLLM's parser, and exit")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health (default 600)")
@@ -47,14 +48,18 @@ def run_serve(args: argparse.Namespace) -> int:
         command = build_command(profile, target=args.target, draft=args.draft, no_draft=args.no_draft,
                                 num_speculative_tokens=args.num_speculative_tokens, host=args.host,
                                 port=args.port, api_key=args.api_key, extra_args=extra)
-        report = validate_with_vllm(command)
     except (ProfileError, CommandError) as exc:
         return _fail(str(exc))
     from serve.preflight import preflight
 
+    # The files first: seconds, where vLLM's config classes take tens of seconds to import and build.
     if not preflight(command):
-        return _fail("pre-flight found problems that would make the draft run crippled (above); "
+        return _fail("pre-flight found problems that would make the served pair fail or run crippled (above); "
                      "fix them, or run `kimi-eagle doctor` for the full report")
+    try:
+        report = validate_with_vllm(command)
+    except CommandError as exc:
+        return _fail(str(exc))
     if args.dry_run:
         print(report.render(), file=sys.stderr)  # stdout keeps only the command, for scripts
         print(command.printable())

@@ -18,6 +18,7 @@ from serve.profile import Profile, resolve_model_path
 API_KEY_ENV = "VLLM_API_KEY"
 LOAD_FORMAT = "safetensors"  # never a pickle format: unpickling runs code from the file
 API_GUARD = "serve.api_guard.RequireApiKey"
+FIELD_GUARD = "serve.api_guard.RejectBadFields"
 
 
 class CommandError(ValueError):
@@ -121,9 +122,13 @@ def build_command(profile: Profile, *, target: str | None = None, draft: str | N
                 "num_speculative_tokens": num_speculative_tokens or profile.speculative.num_speculative_tokens}
         argv += ["--speculative-config", json.dumps(spec)]
     env = dict(profile.env)
+    # vLLM silently ignores request fields it does not know (a misspelt `max_token`): this answers 400 naming them.
+    argv += ["--middleware", FIELD_GUARD]
     if api_key:
         env[API_KEY_ENV] = api_key  # passed by environment, so it never shows in `ps` or in our logs
         # vLLM checks the key only under /v1 and a few other prefixes: this guard covers every route that does work.
+        # Added last, so that it runs first (Starlette wraps the last middleware added outermost): a client without
+        # the key learns nothing about the request's fields.
         argv += ["--middleware", API_GUARD]
     argv += extra
     return ServeCommand(argv=argv, env=env, url=f"http://{host}:{port}", served_model_name=profile.served_model_name,

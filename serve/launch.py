@@ -14,21 +14,26 @@ from pathlib import Path
 import requests
 
 from serve.command import ServeCommand
+from serve.redact import redact_text, secrets_in
 
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy; the message holds the end of its log."""
 
 
-def _log_tail(log_path: Path | None, lines: int = 25) -> str:
+def _log_tail(log_path: Path | None, api_key: str | None, lines: int = 25) -> str:
+    """The end of the server's log, with the key (and any secret in our environment) redacted: vLLM prints its
+    arguments and, on some errors, request headers, and this text goes into exceptions, terminals and CI logs."""
     if log_path is None or not log_path.exists():
         return ""
-    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    return redact_text(tail, [api_key or "", *secrets_in()])
 
 
-def start(command: ServeCommand, log_path: Path | None = None) -> subprocess.Popen:
+def start(command: ServeCommand, log_path: Path | None = None, append: bool = False) -> subprocess.Popen:
+    """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart)."""
     env = {**os.environ, **command.env}
-    out = open(log_path, "w") if log_path else None  # noqa: SIM115 - owned by the child process
+    out = open(log_path, "a" if append else "w") if log_path else None  # noqa: SIM115 - owned by the child process
     # A new session, so that one signal reaches the API server and every engine process it started.
     return subprocess.Popen(command.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True)
@@ -42,14 +47,15 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, log_path
     while time.monotonic() - started < timeout_s:
         if process.poll() is not None:
             raise ServerStartError(f"vLLM exited with code {process.returncode} before it was ready.\n"
-                                   f"{_log_tail(log_path)}")
+                                   f"{_log_tail(log_path, api_key)}")
         try:
             if requests.get(f"{url}/health", timeout=2, headers=headers).status_code == 200:
                 return time.monotonic() - started
         except requests.RequestException:
             pass
         time.sleep(0.5)
-    raise ServerStartError(f"vLLM did not answer {url}/health within {timeout_s:.0f}s.\n{_log_tail(log_path)}")
+    raise ServerStartError(f"vLLM did not answer {url}/health within {timeout_s:.0f}s.\n"
+                           f"{_log_tail(log_path, api_key)}")
 
 
 def stop(process: subprocess.Popen, grace_s: float = 20) -> None:

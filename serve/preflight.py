@@ -7,14 +7,27 @@ import sys
 from pathlib import Path
 
 from serve.command import ServeCommand
+from serve.integrity import check_weight_folder
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as vLLM resolves from a model hub
+
+
+def weights_are_whole(command: ServeCommand) -> bool:
+    """True when the weight files of the target and the draft can be loaded whole. A truncated or re-labelled file
+    is refused here, by name, instead of failing minutes into loading (or loading as garbage)."""
+    problems = [p for folder in (command.target, command.draft) if folder for p in check_weight_folder(folder)]
+    if problems:
+        print("pre-flight: the weights on disk cannot be loaded whole, so no engine was started:\n"
+              + "\n".join(f"- {p.render()}" for p in problems), file=sys.stderr)
+    return not problems
 
 
 def preflight(command: ServeCommand) -> bool:
     """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
     from adapter.checks import Severity, refusal_message, run_static_checks
 
+    if not weights_are_whole(command):
+        return False
     if command.draft is None:
         return True
     draft = Path(command.draft)

@@ -91,9 +91,36 @@ def test_a_key_passed_through_to_vllm_is_moved_out_of_argv(form: str) -> None:
     assert command.env.get(API_KEY_ENV) == key
 
 
+def middleware(argv: list[str]) -> list[str]:
+    return [nxt for w, nxt in itertools.pairwise(argv) if w == "--middleware"]
+
+
 def test_the_key_guard_covers_every_route_when_a_key_is_set() -> None:
-    argv = tiny(api_key="k")
-    assert "serve.api_guard.RequireApiKey" in [nxt for w, nxt in itertools.pairwise(argv) if w == "--middleware"]
+    assert "serve.api_guard.RequireApiKey" in middleware(tiny(api_key="k"))
+    assert "serve.api_guard.RequireApiKey" not in middleware(tiny())
+
+
+def test_unknown_request_fields_are_refused_with_or_without_a_key() -> None:
+    assert middleware(tiny()) == ["serve.api_guard.RejectBadFields"]
+    # Starlette runs the middleware added last first: the key is checked before anything is said about the body.
+    assert middleware(tiny(api_key="k")) == ["serve.api_guard.RejectBadFields", "serve.api_guard.RequireApiKey"]
+
+
+def test_a_failed_start_shows_its_log_without_the_key(tmp_path: Path) -> None:
+    """vLLM's log ends up in the ServerStartError message (terminals, CI logs): the key must not."""
+    from serve.command import ServeCommand
+    from serve.launch import ServerStartError, start, wait_healthy
+
+    key = secrets.token_urlsafe(24)
+    script = f"import os; print('engine args: api_key=' + os.environ['{API_KEY_ENV}']); raise SystemExit(3)"
+    command = ServeCommand(argv=[sys.executable, "-c", script], env={API_KEY_ENV: key}, url="http://127.0.0.1:9",
+                           served_model_name="m", target="t", draft=None, api_key=key)
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerStartError) as failed:
+        wait_healthy(start(command, log), command.url, 30, log, api_key=key)
+    assert key in log.read_text()  # the child really printed it
+    assert "exited with code 3" in str(failed.value) and f"api_key={REDACTED}" in str(failed.value)
+    assert key not in str(failed.value)
 
 
 def test_cli_refuses_a_public_bind_without_a_key() -> None:

@@ -68,6 +68,13 @@ def test_binding_beyond_loopback_requires_an_api_key() -> None:
     assert "s3cret-key" not in allowed.stdout + allowed.stderr
 
 
+def test_help_recommends_the_key_in_the_environment() -> None:
+    """A key on the command line shows in `ps` to every user of the machine."""
+    result = run_cli("serve", "--help")
+    assert result.returncode == 0
+    assert "VLLM_API_KEY" in result.stdout and "ps" in result.stdout
+
+
 @pytest.mark.e2e
 def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) -> None:
     port = free_port()

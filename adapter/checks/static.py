@@ -7,9 +7,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+from safetensors import SafetensorError
 
 from adapter.checks import engines as eng
-from adapter.checks.checkpoint import Checkpoint, CheckpointError, load_numpy, open_checkpoint
+from adapter.checks.checkpoint import Checkpoint, CheckpointError, TensorInfo, load_numpy, open_checkpoint
 from adapter.checks.findings import Finding, Severity
 from adapter.checks.layout import DraftConfigError, DraftSpec, TargetSpec, draft_spec, target_spec
 from adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
@@ -300,6 +301,18 @@ def _sglang_aux(ctx: Context, declared: list[int] | None, default: list[int]) ->
     return out
 
 
+def _load_vocab_map(info: TensorInfo, out: list[Finding]):
+    """d2t or t2d as an array; None, with the same refusal as the weight-health check, when its file cannot be read
+    (truncated, header edited): a damaged file is a finding, not a traceback."""
+    try:
+        return load_numpy(info)
+    except (SafetensorError, OSError) as exc:
+        out.append(_f("weights-unreadable", Severity.REFUSAL, f"{info.name} cannot be read",
+                      f"{info.file.name}: {exc}", "a complete safetensors file",
+                      "the file is truncated or corrupt: download or export it again"))
+        return None
+
+
 def check_vocab(ctx: Context) -> list[Finding]:
     spec = ctx.spec
     v, dv = ctx.target_vocab, spec.draft_vocab_size
@@ -316,9 +329,10 @@ def check_vocab(ctx: Context) -> list[Finding]:
                       f"draft_vocab_size {dv}, target vocab {v}, no d2t tensor",
                       "d2t [draft vocab] (target id = draft id + d2t[id])",
                       "export d2t (and t2d) with the draft; without it vLLM maps draft id i to target id i"))
-    if d2t_info is None:
+    d2t = _load_vocab_map(d2t_info, out) if d2t_info is not None else None
+    if d2t is None:
         return out
-    d2t = load_numpy(d2t_info).astype("int64")
+    d2t = d2t.astype("int64")
     import numpy as np
 
     if d2t.shape != (dv,):
@@ -336,8 +350,9 @@ def check_vocab(ctx: Context) -> list[Finding]:
         out.append(_f("d2t-duplicates", Severity.WARNING, "d2t maps several draft ids to one target id",
                       f"{dv - np.unique(targets).size} collisions", "a one-to-one mapping",
                       "re-export d2t: colliding ids overwrite each other's logits"))
-    if t2d_info is not None:
-        t2d = load_numpy(t2d_info).astype(bool)
+    t2d = _load_vocab_map(t2d_info, out) if t2d_info is not None else None
+    if t2d is not None:
+        t2d = t2d.astype(bool)
         if t2d.shape != (v,):
             out.append(_f("t2d-length", Severity.REFUSAL, "t2d does not cover the target vocabulary",
                           f"t2d shape {list(t2d.shape)}", f"[{v}] (target vocab)", "export t2d for this target"))
