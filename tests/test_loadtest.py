@@ -357,6 +357,10 @@ def test_real_run_against_the_speculating_server(spec_server, tmp_path: Path) ->
     assert acceptance.acceptance_rate is not None and acceptance.acceptance_rate > 0
     assert acceptance.mean_acceptance_length is not None and acceptance.mean_acceptance_length > 1
     assert acceptance.num_speculative_tokens == 3 and len(acceptance.per_position_acceptance_rate or []) == 3
+    # The profile asks vLLM for each response's own acceptance: its spread is in the summary.
+    per_request = summary.per_request_acceptance
+    assert per_request is not None and per_request.requests == summary.requests.ok
+    assert per_request.mean_acceptance_length is not None and per_request.mean_acceptance_length.p50 > 1
     # Several tokens per chunk is what speculation looks like on the wire.
     assert summary.tokens_per_chunk is not None and summary.tokens_per_chunk.max > 1
     overhead = summary.client_overhead
