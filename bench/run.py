@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +37,7 @@ from bench.result import (
 from bench.servers import ColdStart, LiveServer, measured_server
 from bench.speedup_model import Recommendation, recommend
 from bench.stats import paired_ratios, spread
+from kimi_eagle.processes import free_port
 from serve.command import build_command
 from serve.profile import Profile
 
@@ -46,12 +46,6 @@ RUNTIME_CHECKS_ENV = "KIMI_EAGLE_RUNTIME_CHECKS"  # read by adapter.plugin in ev
 
 class BenchError(RuntimeError):
     """The benchmark cannot run as asked; the message says why and how to fix it."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_prompts(path: Path) -> list[str]:

@@ -13,13 +13,8 @@ With `--probe-url` the delta counts every request the server finished meanwhile:
 
 from __future__ import annotations
 
-import signal
-import socket
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -28,6 +23,7 @@ from rich.table import Table
 from adapter.acceptance_alarm import DEFAULT_MIN_RATE
 from adapter.checks import Finding, Severity
 from doctor.probe import ProbeError
+from kimi_eagle.processes import free_port, sigterm_as_keyboard_interrupt
 from loadtest.engines import Acceptance
 
 MAX_TOKENS = 64
@@ -69,30 +65,6 @@ class EngineProbe(BaseModel):
                         expected=f"well above {LOW_ACCEPTANCE_RATE:.0%} for a draft trained for this target",
                         fix="the draft gets other hidden states than it was trained on, or it is untrained or "
                             "trained for another target: see the findings above and the step-0 table")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt meanwhile, so that `kill` stops the server we started as Ctrl-C does (the
-    server runs in its own session: no signal sent to us reaches it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def measure(url: str, model: str | None, prompts: list[str], *, api_key: str | None = None,
@@ -152,7 +124,7 @@ def measure_with_started_server(draft: Path, target: Path, prompts: list[str], p
                                 host="127.0.0.1", port=free_port())
     except (ProfileError, CommandError) as exc:
         raise ProbeError(str(exc)) from None
-    with tempfile.TemporaryDirectory(prefix="kimi-eagle-doctor-") as scratch, _sigterm_as_interrupt():
+    with tempfile.TemporaryDirectory(prefix="kimi-eagle-doctor-") as scratch, sigterm_as_keyboard_interrupt():
         try:
             with running_server(command, log_path=Path(scratch) / "vllm.log", timeout_s=READY_TIMEOUT_S) as ready_s:
                 result = measure(command.url, command.served_model_name, prompts, api_key=command.api_key)

@@ -9,15 +9,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from kimi_eagle.processes import sigterm_as_keyboard_interrupt
 from loadtest.engines import ENGINES, EngineError, get_engine
 from loadtest.prompts import PromptError, load_prompts, shipped_sets
-from loadtest.runner import (
-    LoadTestError,
-    LoadTestInterrupted,
-    LocustRun,
-    run_locust,
-    sigterm_as_keyboard_interrupt,
-)
+from loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
 from loadtest.summary import EXIT_INTERRUPTED, RunSummary
 from loadtest.workload import Workload
 

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
+from kimi_eagle.processes import free_port
 from loadtest.results import load_summary
 from loadtest.summary import RunSummary
 from loadtest.workload import Workload
@@ -43,20 +39,6 @@ class LoadTestInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted: {out_dir}")
         self.out_dir = out_dir
         self.summary = summary
-
-
-@contextmanager
-def sigterm_as_keyboard_interrupt() -> Iterator[None]:
-    """Within the block SIGTERM takes the same path as Ctrl-C (Locust's processes run in their own session, so a
-    terminal's Ctrl-C reaches only us, and we stop them in order)."""
-    def interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -110,12 +92,6 @@ class LocustRun:
                 "--master-port", str(master_port)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(process: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM (Locust's own clean shutdown), then SIGKILL after `grace_s`."""
     if process.poll() is not None:
@@ -142,7 +118,7 @@ def run_locust(run: LocustRun, timeout_s: float | None = None) -> tuple[int, Run
     summary_path = run.out_dir / "summary.json"
     summary_path.unlink(missing_ok=True)  # a summary left by an earlier run in this folder must not pass for ours
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    port = _free_port() if run.workers else None
+    port = free_port() if run.workers else None
     processes: list[subprocess.Popen] = []
     try:
         processes.append(subprocess.Popen(run.main_argv(port), env=env, start_new_session=True))

@@ -121,6 +121,8 @@ def build_command(profile: Profile, *, target: str | None = None, draft: str | N
         spec = {"model": draft_path, "method": profile.speculative.method,
                 "num_speculative_tokens": num_speculative_tokens or profile.speculative.num_speculative_tokens}
         argv += ["--speculative-config", json.dumps(spec)]
+        if profile.speculative.per_request_metrics != "none":
+            argv += ["--per-request-spec-decode-metrics", profile.speculative.per_request_metrics]
     env = dict(profile.env)
     # vLLM silently ignores request fields it does not know (a misspelt `max_token`): this answers 400 naming them.
     argv += ["--middleware", FIELD_GUARD]

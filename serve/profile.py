@@ -21,6 +21,10 @@ class Speculative(BaseModel):
     model_config = ConfigDict(extra="forbid")
     method: Literal["eagle3"] = Field("eagle3", description="vLLM's speculative method; EAGLE-3 drafts only.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens proposed per step (k).")
+    per_request_metrics: Literal["none", "summary", "detailed"] = Field(
+        "none", description="vLLM's --per-request-spec-decode-metrics: each response carries its own acceptance "
+                            "(`metrics.speculative_decoding`). Passed only when a draft is served: vLLM refuses "
+                            "the flag without speculation.")
 
 
 class Profile(BaseModel):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from kimi_eagle.processes import free_port
 from serve.command import build_command
 from serve.launch import running_server
 from serve.profile import load_profile
@@ -22,12 +22,6 @@ class Server:
     model: str
     log: Path
     ready_s: float
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(tmp_dir: Path, name: str, **overrides) -> Iterator[Server]:

@@ -24,8 +24,9 @@ from doctor.calibration import CALIBRATION_PROMPTS
 from doctor.engine_probe import MAX_TOKENS, EngineProbe, acceptance_table
 from doctor.probe import ProbeError, probe_aux_ids
 from kimi_eagle.cli import main
+from kimi_eagle.processes import free_port
 from loadtest.engines import Acceptance
-from tests.conftest import Server, free_port
+from tests.conftest import Server
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,11 @@ from openai import OpenAI
 from safetensors.torch import load_file, save_file
 
 from fixtures.pair_spec import DRAFT_DIR
+from kimi_eagle.processes import free_port
 from serve.command import build_command
 from serve.launch import ServerStartError, running_server
 from serve.profile import load_profile
-from tests.conftest import Server, free_port
+from tests.conftest import Server
 
 pytestmark = pytest.mark.e2e
 

@@ -19,6 +19,7 @@ from typing import ClassVar
 import psutil
 import pytest
 
+from kimi_eagle.processes import free_port
 from loadtest.engines import API_KEY_ENVS
 from loadtest.files import write_atomic
 from loadtest.metrics import summarise
@@ -28,7 +29,6 @@ from loadtest.results import load_records, load_summary
 from loadtest.runner import LocustRun, run_locust
 from loadtest.summary import LocustSettings, RunSummary
 from loadtest.workload import Workload
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

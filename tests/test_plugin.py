@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kimi_eagle.processes import free_port
 from serve.command import build_command
 from serve.launch import ServerStartError, running_server
 from serve.profile import load_profile
-from tests.conftest import free_port
 
 
 def test_plugin_is_a_vllm_general_plugin() -> None:

@@ -17,12 +17,12 @@ import pytest
 import requests
 
 from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.processes import free_port
 from serve.command import API_KEY_ENV, CommandError, build_command
 from serve.integrity import check_weight_folder
 from serve.launch import running_server
 from serve.profile import available_profiles, load_profile
 from serve.redact import REDACTED, redact_argv, redact_env, redact_text, secrets_in
-from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 KIMI_EAGLE = [sys.executable, "-m", "kimi_eagle.cli"]

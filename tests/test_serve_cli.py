@@ -14,7 +14,9 @@ import psutil
 import pytest
 
 from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
-from tests.conftest import free_port
+from kimi_eagle.processes import free_port
+from serve.command import build_command
+from serve.profile import load_profile
 
 CLI = [sys.executable, "-m", "kimi_eagle.cli"]
 
@@ -45,6 +47,12 @@ def test_no_draft_serves_the_target_alone() -> None:
     result = run_cli("serve", "--dry-run", "--no-draft")
     assert result.returncode == 0, result.stderr
     assert "--speculative-config" not in result.stdout
+    assert "--per-request-spec-decode-metrics" not in result.stdout  # vLLM refuses it without speculation
+
+
+def test_the_profile_asks_for_per_request_acceptance_with_the_draft() -> None:
+    words = build_command(load_profile("tiny-cpu")).argv
+    assert words[words.index("--per-request-spec-decode-metrics") + 1] == "summary"
 
 
 def test_unknown_vllm_flag_is_refused_before_anything_starts() -> None:

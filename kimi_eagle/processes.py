@@ -1,0 +1,37 @@
+"""What every command that starts processes needs: a free local port, and SIGTERM handled like Ctrl-C.
+
+The servers and Locust processes we start run in sessions of their own, so a signal sent to us never reaches them;
+we stop them ourselves, on the same path for Ctrl-C and for `kill`."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def sigterm_as_keyboard_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM raises KeyboardInterrupt, so the caller's Ctrl-C path stops what it started."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
