@@ -1,5 +1,4 @@
-"""Faults of the CPU build of vLLM 0.32: two stop EAGLE-3 on a Kimi-K2.5 (MLA) target, one makes every start
-slow.
+"""Two faults of the CPU build of vLLM 0.32 that stop EAGLE-3 on a Kimi-K2.5 (MLA) target.
 
 Each fix is guarded by the vLLM version it was read against: on any other version it is not applied and
 the plugin says so, so an upgrade re-checks instead of patching code that has moved.
@@ -8,8 +7,6 @@ the plugin says so, so an upgrade re-checks instead of patching code that has mo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -75,29 +72,6 @@ def enable_correct_expand() -> None:
     cpu_triton_utils._expand_kernel_impl = expand_kernel
 
 
-def _finalize_plain_functions(load_compiled_function: Callable[..., Any]) -> Callable[..., Any]:
-    def load(*args: Any, **kwargs: Any) -> Any:
-        loaded = load_compiled_function(*args, **kwargs)
-        compiled = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
-        if compiled is not None and not hasattr(compiled, "finalize_loading"):
-            compiled.finalize_loading = lambda vllm_config: None  # a plain function: nothing left to load
-        return loaded
-
-    load.kimi_eagle_wrapped = True
-    return load
-
-
-def enable_compile_cache_reuse() -> None:
-    """vLLM saves each start's torch.compile result (AOT) and loads it at the next start, then calls
-    `compiled_fn.finalize_loading()`; on the CPU build the saved `compiled_fn` is a plain function without that
-    method, so every load fails ("'function' object has no attribute 'finalize_loading'") and each start traces
-    the model again: the tiny pair's engine init took 33 s with the failed load on an idle machine and 71 s with no
-    cache, 9 s with this fix under load. A plain function has nothing left to finalize. Upstream:
-    vllm/compilation/decorators.py `_try_load_aot_compiled_fn`."""
-    if not getattr(torch.compiler.load_compiled_function, "kimi_eagle_wrapped", False):
-        torch.compiler.load_compiled_function = _finalize_plain_functions(torch.compiler.load_compiled_function)
-
-
 def apply() -> bool:
     if not applies_here():
         logger.info("kimi-eagle: CPU fixes not applied (vLLM %s; fixed versions %s, CPU only)",
@@ -105,5 +79,4 @@ def apply() -> bool:
         return False
     enable_block_size_16()
     enable_correct_expand()
-    enable_compile_cache_reuse()
     return True

@@ -126,29 +126,3 @@ def test_first_step_check_names_both_widths_and_the_ids() -> None:
         draft.combine_hidden_states(torch.randn(5, hidden))  # one layer, as in the SGLang Kimi-K2.5 failure
     message = str(refusal.value)
     assert "768 = 3 aux layers [2, 4, 6] x hidden 256" in message and "sent 256 (1 layer(s))" in message
-
-
-def test_compile_cache_loader_gives_plain_functions_the_finalize_step_vllm_calls() -> None:
-    from adapter.cpu_fixes import _finalize_plain_functions
-
-    def compiled_forward(x: torch.Tensor) -> torch.Tensor:  # what the CPU build saves: a plain function
-        return x + 1
-
-    loaded = SimpleNamespace(_artifacts=SimpleNamespace(compiled_fn=compiled_forward))
-    load = _finalize_plain_functions(lambda *args, **kwargs: loaded)
-    assert load("file") is loaded
-    compiled_forward.finalize_loading(None)  # what vLLM calls after loading; it raised AttributeError before
-    assert compiled_forward(torch.zeros(1)).item() == 1
-
-
-@pytest.mark.e2e
-def test_a_second_start_loads_the_compiled_model_instead_of_compiling_again(spec_server, tmp_path) -> None:
-    # The session's speculative server compiled (or loaded) this configuration; a second start must load it.
-    assert "load failure" not in spec_server.log.read_text()
-    command = build_command(load_profile("tiny-cpu"), port=free_port())
-    log = tmp_path / "second.log"
-    with running_server(command, log_path=log, timeout_s=600):
-        second = log.read_text()
-    for part in ("backbone", "eagle_head"):
-        assert f"[{part}] Directly load AOT compilation" in second, second[-3000:]
-    assert "Compiling model again" not in second
