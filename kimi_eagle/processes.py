@@ -35,3 +35,26 @@ def sigterm_as_keyboard_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C or SIGTERM inside the block takes effect when it ends. Around starting a child process: an interrupt
+    that lands inside `subprocess.Popen`, after the fork, would otherwise lose the handle of a child that keeps
+    running (and, for Locust, later writes results that look complete)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def remember(signum: int, _frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    previous = {s: signal.signal(s, remember) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for signum in pending:  # delivered now, to whatever handles it outside the block
+        signal.raise_signal(signum)

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kimi_eagle.processes import free_port
+from kimi_eagle.processes import free_port, interrupts_deferred
 from loadtest.results import load_summary
 from loadtest.summary import RunSummary
 from loadtest.workload import Workload
@@ -121,9 +121,11 @@ def run_locust(run: LocustRun, timeout_s: float | None = None) -> tuple[int, Run
     port = free_port() if run.workers else None
     processes: list[subprocess.Popen] = []
     try:
-        processes.append(subprocess.Popen(run.main_argv(port), env=env, start_new_session=True))
-        processes += [subprocess.Popen(run.worker_argv(port), env=env, stdout=subprocess.DEVNULL,
-                                       start_new_session=True) for _ in range(run.workers)]
+        with interrupts_deferred():  # every process started is in `processes` before an interrupt can stop them
+            processes.append(subprocess.Popen(run.main_argv(port), env=env, start_new_session=True))
+            for _ in range(run.workers):
+                processes.append(subprocess.Popen(run.worker_argv(port), env=env, stdout=subprocess.DEVNULL,
+                                                  start_new_session=True))
         code = processes[0].wait(timeout=timeout_s)
         for worker in processes[1:]:
             worker.wait(timeout=30)
