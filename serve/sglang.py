@@ -77,6 +77,7 @@ LEFT_OUT_FLAGS: dict[str, str] = {
     "distributed-executor-backend": "SGLang spans nodes with --nnodes, --node-rank and --dist-init-addr on every "
                                     "node: add them after `--`",
     "attention-backend": "SGLang names its backends differently",
+    "max-num-queued-reqs": "a bound on queued requests: its SGLang counterpart is not checked here: add it after `--`",
 }
 
 

@@ -138,7 +138,8 @@ def test_command_speculates_like_the_vllm_profile(tmp_path: Path) -> None:
     assert _flag(argv, "--speculative-draft-model-path") == str((tmp_path / "view").absolute())
     assert "--enable-metrics" in argv
     assert _flag(argv, "--context-length") == "2048" and _flag(argv, "--dtype") == "float32"
-    assert set(plan.dropped_flags) == {"gpu-memory-utilization", "language-model-only", "attention-backend"}
+    assert set(plan.dropped_flags) == {"gpu-memory-utilization", "language-model-only", "attention-backend",
+                                       "max-num-queued-reqs"}
 
 
 def test_k_and_no_draft_options(tmp_path: Path) -> None:
