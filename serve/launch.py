@@ -13,6 +13,7 @@ from pathlib import Path
 
 import requests
 
+from kimi_eagle.processes import sigterm_as_keyboard_interrupt
 from serve.command import ServeCommand
 from serve.redact import redact_text, secrets_in
 
@@ -79,18 +80,19 @@ def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: flo
     every process it started. Raises ServerStartError when it does not come up."""
     print(f"Starting {engine}: {command.printable()}", file=sys.stderr, flush=True)
     process = start(command)
-    # The server runs in its own session, so a signal reaches only us: turn SIGTERM into the same clean stop as Ctrl-C.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        waited = wait_healthy(process, command.url, ready_timeout_s, api_key=command.api_key)
-        print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}", flush=True)
-        process.wait()
-        return process.returncode or 0
-    except KeyboardInterrupt:
-        print(f"\nStopping {engine} ...", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        stop(process)
+    # The server runs in its own session, so a signal reaches only us: SIGTERM takes the same clean stop as Ctrl-C.
+    with sigterm_as_keyboard_interrupt():
+        try:
+            waited = wait_healthy(process, command.url, ready_timeout_s, api_key=command.api_key)
+            print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
+                  flush=True)
+            process.wait()
+            return process.returncode or 0
+        except KeyboardInterrupt:
+            print(f"\nStopping {engine} ...", file=sys.stderr, flush=True)
+            return 0
+        finally:
+            stop(process)
 
 
 @contextmanager
