@@ -6,6 +6,9 @@ import argparse
 import sys
 
 SUBCOMMAND_MODULES = ("serve.cli", "doctor.cli", "loadtest.cli", "serve.sglang_cli", "bench.cli")
+# Options whose value is an opaque secret: a generated key starts with '-' one time in 32 (token_urlsafe), and
+# argparse would take `--api-key -x...` for a missing value followed by an unknown flag.
+SECRET_VALUE_OPTIONS = ("--api-key",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +25,28 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, passthrough = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_secret_values(argv, _option_strings(sub)))
     args.passthrough = passthrough
     return int(args.handler(args) or 0)
+
+
+def _option_strings(sub: argparse._SubParsersAction) -> set[str]:
+    return {flag for command in sub.choices.values() for action in command._actions for flag in action.option_strings}
+
+
+def _join_secret_values(argv: list[str], known_flags: set[str]) -> list[str]:
+    """`--api-key -abc` becomes `--api-key=-abc`, unless `-abc` is one of our own flags (a forgotten value)."""
+    joined: list[str] = []
+    rest = iter(argv)
+    for token in rest:
+        following = next(rest, None) if token in SECRET_VALUE_OPTIONS else None
+        if following is None:
+            joined.append(token)
+        elif following.startswith("-") and following.split("=", 1)[0] not in known_flags:
+            joined.append(f"{token}={following}")
+        else:
+            joined.extend((token, following))
+    return joined
 
 
 if __name__ == "__main__":

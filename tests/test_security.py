@@ -131,13 +131,22 @@ def test_cli_refuses_a_public_bind_without_a_key() -> None:
     assert "--api-key" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_cli_dry_run_never_prints_the_key() -> None:
-    key, other = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+@pytest.mark.parametrize("leading", ["", "-"], ids=["plain-key", "key-starting-with-dash"])
+def test_cli_dry_run_never_prints_the_key(leading: str) -> None:
+    # A generated key (token_urlsafe) starts with '-' one time in 32: CI once failed on such a key.
+    key, other = leading + secrets.token_urlsafe(24), leading + secrets.token_urlsafe(24)
     done = subprocess.run([*KIMI_EAGLE, "serve", "--host", "0.0.0.0", "--api-key", key, "--dry-run", "--",
                            f"--api-key={other}"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert key not in done.stdout + done.stderr
     assert other not in done.stdout + done.stderr
+
+
+def test_cli_api_key_without_a_value_is_refused_not_taken_as_the_key() -> None:
+    done = subprocess.run([*KIMI_EAGLE, "serve", "--host", "0.0.0.0", "--api-key", "--dry-run"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2
+    assert "--api-key: expected one argument" in done.stderr and "Traceback" not in done.stderr
 
 
 # --- remote code and pickles ------------------------------------------------------------------------------------
