@@ -1,4 +1,4 @@
-"""Two faults of the CPU build of vLLM 0.32 that stop EAGLE-3 on a Kimi-K2.5 (MLA) target.
+"""Faults of the CPU build of vLLM 0.32 that stop EAGLE-3 on a Kimi-K2.5 (MLA) target, or cripple it.
 
 Each fix is guarded by the vLLM version it was read against: on any other version it is not applied and
 the plugin says so, so an upgrade re-checks instead of patching code that has moved.
@@ -72,6 +72,14 @@ def enable_correct_expand() -> None:
     cpu_triton_utils._expand_kernel_impl = expand_kernel
 
 
+def verify_draft_tokens_on_the_mla_decode_kernel() -> None:
+    """CPU_MLA sends every verification step (1 + k tokens per request) down its prefill path; the override
+    (`adapter/cpu_mla_spec_decode.py`, through vLLM's backend registry) runs them on the decode kernel."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CPU_MLA, "adapter.cpu_mla_spec_decode.SpecDecodeCPUMLABackend")
+
+
 def apply() -> bool:
     if not applies_here():
         logger.info("kimi-eagle: CPU fixes not applied (vLLM %s; fixed versions %s, CPU only)",
@@ -79,4 +87,5 @@ def apply() -> bool:
         return False
     enable_block_size_16()
     enable_correct_expand()
+    verify_draft_tokens_on_the_mla_decode_kernel()
     return True

@@ -59,6 +59,61 @@ def test_fixed_expand_writes_every_token_in_its_dtype() -> None:
     assert top_k.tolist() == [5, 5, 4096, 4096, 4096, 9]
 
 
+def test_upstream_cpu_mla_still_sends_verification_to_its_prefill_path() -> None:
+    """Why the override exists. If this fails, upstream CPU_MLA verifies draft tokens as decodes: drop
+    `verify_draft_tokens_on_the_mla_decode_kernel`."""
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+    assert CPUMLABackend.get_builder_cls().query_len_support == QueryLenSupport.SINGLE_ONLY
+
+
+def test_plugin_points_cpu_mla_at_the_spec_decode_backend() -> None:
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from adapter import plugin
+
+    plugin.register()
+    backend = AttentionBackendEnum.CPU_MLA.get_class()
+    assert backend.get_name() == "CPU_MLA"  # the platform's checks and the profile's flag still match it
+    assert backend.get_builder_cls().query_len_support == QueryLenSupport.UNIFORM
+
+
+def _causal_reference(q: torch.Tensor, cache: torch.Tensor, blocks: list[int], extent: int) -> torch.Tensor:
+    kv = torch.cat([cache[b] for b in blocks])[:extent]
+    return torch.softmax(q @ kv.T * 0.1, dim=-1) @ kv[:, :512]
+
+
+@pytest.mark.parametrize("query_len", [1, 2, 4])
+def test_cpu_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_len: int) -> None:
+    """vLLM's own CPU kernel, fed one row per query token: row t of a request attends the context and block
+    tokens 0..t, exactly what the prefill path computed for verification."""
+    from vllm import _custom_ops as ops
+
+    from adapter.cpu_mla_spec_decode import decode_rows
+
+    torch.manual_seed(0)
+    heads, cache = 4, torch.randn(12, 16, 576)  # 12 blocks of 16 latent (512) + rope (64) entries
+    block_table = torch.tensor([[3, 7, 1, 0], [5, 2, 9, 11]], dtype=torch.int32)
+    seq_lens = torch.tensor([37, 50], dtype=torch.int32)  # context + the block's own tokens, across blocks
+    q = torch.randn(2 * query_len, heads, 576)
+    rows, extents = decode_rows(block_table, seq_lens, q.shape[0])
+    assert extents.tolist() == [n - query_len + 1 + t for n in (37, 50) for t in range(query_len)]
+    out = torch.zeros(2 * query_len, heads, 512)
+    ops.mla_decode_kvcache_cpu(out, q, cache, 0.1, rows.to(torch.int32), extents.to(torch.int32))
+    for row in range(q.shape[0]):
+        expected = _causal_reference(q[row], cache, rows[row].tolist(), int(extents[row]))
+        torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_decode_rows_refuses_a_non_uniform_block() -> None:
+    from adapter.cpu_mla_spec_decode import decode_rows
+
+    with pytest.raises(ValueError, match="non-uniform decode block: 7 query rows over 2 requests"):
+        decode_rows(torch.zeros(2, 4, dtype=torch.int32), torch.tensor([10, 20]), 7)
+
+
 @pytest.mark.e2e
 def test_engine_refuses_the_pair_without_the_plugin(tmp_path) -> None:
     """With no plugin loaded (VLLM_PLUGINS="" allows none), vLLM 0.32 cannot start target + draft on CPU."""
