@@ -27,6 +27,7 @@ from kimi_eagle.cli import main
 from kimi_eagle.processes import free_port
 from loadtest.engines import Acceptance
 from tests.conftest import Server
+from tests.terminal import ctrl_c_as_in_a_terminal
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +239,8 @@ def test_an_interrupted_probe_stops_the_server_it_started(sig: signal.Signals, t
     prompts.write_text("def main():\n")
     doctor = subprocess.Popen([sys.executable, "-m", "kimi_eagle.cli", "doctor", str(bd.SOURCE_DRAFT), "--target",
                                str(bd.SOURCE_TARGET), "--probe", "--prompts", str(prompts)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=ctrl_c_as_in_a_terminal)
     server = None
     try:
         server = _wait_for_vllm_child(doctor, timeout_s=300)

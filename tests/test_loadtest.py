@@ -29,6 +29,7 @@ from loadtest.results import load_records, load_summary
 from loadtest.runner import LocustRun, run_locust
 from loadtest.summary import LocustSettings, RunSummary
 from loadtest.workload import Workload
+from tests.terminal import ctrl_c_as_in_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -261,7 +262,8 @@ def test_interrupted_run_stops_locust_and_keeps_what_it_gathered(stand_in: Stand
     out = tmp_path / "run"
     cli = subprocess.Popen([sys.executable, "-m", "kimi_eagle.cli",
                             *_loadtest_args(stand_in.url, out, "--users", "2", "--run-time", "5m")],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         # The live progress line shows answered requests: interrupt then, well before --run-time.
         assert cli.stderr is not None

@@ -17,6 +17,7 @@ from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.processes import free_port
 from serve.command import build_command
 from serve.profile import load_profile
+from tests.terminal import ctrl_c_as_in_a_terminal
 
 CLI = [sys.executable, "-m", "kimi_eagle.cli"]
 
@@ -89,7 +90,8 @@ def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) ->
     # vLLM's own log shares the CLI's stdout; stderr goes to a file so that no pipe fills up and blocks anyone.
     stderr = tmp_path / "stderr.log"
     with stderr.open("w") as err:
-        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True)
+        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True,
+                                   preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         ready_line = next((line for line in process.stdout if line.startswith("Ready in")), "")
         assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, stderr.read_text()[-3000:]
