@@ -16,7 +16,7 @@ import requests
 from pydantic import BaseModel, Field
 
 from serve.command import ServeCommand
-from serve.launch import ServerStartError, start, stop, wait_healthy
+from serve.launch import ServerStartError, started, wait_healthy
 
 
 class ColdStart(BaseModel):
@@ -121,24 +121,19 @@ def measured_server(command: ServeCommand, *, config: str, num_speculative_token
                     others_running: int = 0, timeout_s: float = 600) -> Iterator[LiveServer]:
     """Start the server, time its cold start, sample its memory until it stops; always stops it."""
     t0 = time.perf_counter()
-    process = start(command, log)
-    try:
-        with RssSampler(process.pid) as sampler:
-            wait_healthy(process, command.url, timeout_s, log, command.api_key)
-            healthy = time.perf_counter() - t0
-            _first_token(command.url, command.served_model_name)
-            first = time.perf_counter() - t0
-            sampler.interval_s = 1.0
-            cold = ColdStart(config=config, draft=command.draft is not None,
-                             num_speculative_tokens=num_speculative_tokens if command.draft else None,
-                             seconds_to_healthy=healthy, seconds_to_first_token=first,
-                             other_servers_running=others_running)
-            server = LiveServer(url=command.url, model=command.served_model_name, process=process, sampler=sampler,
-                                cold_start=cold, log=log)
-            try:
-                yield server
-            finally:
-                sampler.stop()
-                stop(process)
-    finally:
-        stop(process)
+    with started(command, log) as process, RssSampler(process.pid) as sampler:
+        wait_healthy(process, command.url, timeout_s, log, command.api_key)
+        healthy = time.perf_counter() - t0
+        _first_token(command.url, command.served_model_name)
+        first = time.perf_counter() - t0
+        sampler.interval_s = 1.0
+        cold = ColdStart(config=config, draft=command.draft is not None,
+                         num_speculative_tokens=num_speculative_tokens if command.draft else None,
+                         seconds_to_healthy=healthy, seconds_to_first_token=first,
+                         other_servers_running=others_running)
+        server = LiveServer(url=command.url, model=command.served_model_name, process=process, sampler=sampler,
+                            cold_start=cold, log=log)
+        try:
+            yield server
+        finally:
+            sampler.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from kimi_eagle.processes import sigterm_as_keyboard_interrupt
+from kimi_eagle.processes import interrupts_deferred, sigterm_as_keyboard_interrupt
 from serve.command import ServeCommand
 from serve.redact import redact_text, secrets_in
 
@@ -38,6 +38,22 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
     # A new session, so that one signal reaches the API server and every engine process it started.
     return subprocess.Popen(command.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True)
+
+
+@contextmanager
+def started(command: ServeCommand, log_path: Path | None = None, append: bool = False
+            ) -> Iterator[subprocess.Popen]:
+    """The server process for the duration of the block, stopped at its end whatever ends it. An interrupt that
+    lands while the process is being started takes effect once its handle is held, so it cannot orphan the server
+    (which runs in a session of its own and would not get the signal)."""
+    process = None
+    try:
+        with interrupts_deferred():
+            process = start(command, log_path, append)
+        yield process
+    finally:
+        if process is not None:
+            stop(process)
 
 
 def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, log_path: Path | None = None,
@@ -79,27 +95,25 @@ def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: flo
     """Start the server, print the URL when it answers, and stay until it exits or Ctrl-C / SIGTERM, which stop
     every process it started. Raises ServerStartError when it does not come up."""
     print(f"Starting {engine}: {command.printable()}", file=sys.stderr, flush=True)
-    process = start(command)
     # The server runs in its own session, so a signal reaches only us: SIGTERM takes the same clean stop as Ctrl-C.
-    with sigterm_as_keyboard_interrupt():
-        try:
-            waited = wait_healthy(process, command.url, ready_timeout_s, api_key=command.api_key)
-            print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
-                  flush=True)
-            process.wait()
-            return process.returncode or 0
-        except KeyboardInterrupt:
-            print(f"\nStopping {engine} ...", file=sys.stderr, flush=True)
-            return 0
-        finally:
-            stop(process)
+    try:
+        with sigterm_as_keyboard_interrupt(), started(command) as process:
+            try:
+                waited = wait_healthy(process, command.url, ready_timeout_s, api_key=command.api_key)
+                print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
+                      flush=True)
+                process.wait()
+                return process.returncode or 0
+            except KeyboardInterrupt:
+                print(f"\nStopping {engine} ...", file=sys.stderr, flush=True)
+                return 0
+    except KeyboardInterrupt:  # it landed while the process was being started: `started` has stopped it
+        print(f"\nStopped {engine} (interrupted while starting)", file=sys.stderr, flush=True)
+        return 0
 
 
 @contextmanager
 def running_server(command: ServeCommand, log_path: Path | None = None, timeout_s: float = 300) -> Iterator[float]:
     """Run the server for the duration of the block; yields the seconds it took to become healthy."""
-    process = start(command, log_path)
-    try:
+    with started(command, log_path) as process:
         yield wait_healthy(process, command.url, timeout_s, log_path, command.api_key)
-    finally:
-        stop(process)

@@ -30,3 +30,37 @@ def test_an_interrupt_while_starting_a_process_lands_after_the_start(sig: signal
 def test_no_interrupt_means_nothing_is_raised() -> None:
     with interrupts_deferred():
         pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_server_interrupted_while_starting_is_stopped_not_orphaned(sig: signal.Signals, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    from serve import launch
+    from serve.command import ServeCommand
+
+    # A child in a session of its own, as vLLM runs: the signal reaches only us, so only we can stop it.
+    command = ServeCommand(argv=[sys.executable, "-c", "import time; time.sleep(120)"], env={},
+                           url="http://127.0.0.1:9", served_model_name="none", target="none", draft=None)
+    children: list[subprocess.Popen] = []
+    real_start = launch.start
+
+    def start_then_interrupted(*args, **kwargs) -> subprocess.Popen:
+        children.append(real_start(*args, **kwargs))
+        os.kill(os.getpid(), sig)  # lands right after the fork, before the caller holds the handle
+        time.sleep(0.2)
+        return children[-1]
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(launch, "start", start_then_interrupted)
+    try:
+        with sigterm_as_keyboard_interrupt(), pytest.raises(KeyboardInterrupt), launch.started(command):
+            pytest.fail("the block must not run: the interrupt came first")
+        assert len(children) == 1
+        assert children[0].poll() is not None, "the server outlived the interrupt"
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+        for p in children:
+            if p.poll() is None:
+                p.kill()
