@@ -133,7 +133,4 @@ def measured_server(command: ServeCommand, *, config: str, num_speculative_token
                          other_servers_running=others_running)
         server = LiveServer(url=command.url, model=command.served_model_name, process=process, sampler=sampler,
                             cold_start=cold, log=log)
-        try:
-            yield server
-        finally:
-            sampler.stop()
+        yield server
