@@ -36,15 +36,8 @@ class BenchPlan(BaseModel):
         return -(-n // concurrency) * concurrency
 
 
-# vLLM's CPU backend reserves this share of *all* memory for the KV cache and refuses to start when less is free:
-# the profile's 0.3 (7 GiB here) twice does not fit on 24 GiB beside anything else (another engine, the test suite's
-# own servers), while 16 sequences of about 100 tokens use a tiny part of 0.1. The KV cache's size does not change
-# the speed of a step; what is reported as peak RSS is measured with this setting.
-SMALL_KV_CACHE = {"gpu-memory-utilization": "0.1"}
-
 FULL = BenchPlan(mode="full", ks=[1, 2, 3, 4, 5], concurrency=[1, 4, 16], repeats=5, max_tokens=64,
                  requests_per_sample=4, ceiling_candidates=3, ceiling_requests_per_sample=2,
-                 checks_concurrency=[1, 16], locust_run_time="15s", vllm_overrides=SMALL_KV_CACHE)
+                 checks_concurrency=[1, 16], locust_run_time="15s")
 QUICK = BenchPlan(mode="quick", ks=[3], concurrency=[1, 4, 16], repeats=2, max_tokens=16, requests_per_sample=2,
-                  ceiling_candidates=2, ceiling_requests_per_sample=1, checks_concurrency=[], locust_run_time="5s",
-                  vllm_overrides=SMALL_KV_CACHE)
+                  ceiling_candidates=2, ceiling_requests_per_sample=1, checks_concurrency=[], locust_run_time="5s")

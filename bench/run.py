@@ -91,7 +91,8 @@ def compile_cache_note() -> str:
     cache = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")) / "torch_compile_cache"
     files = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else 0
     state = "warm (for the configurations compiled before)" if files else "empty"
-    return (f"vLLM's torch.compile cache ({cache}) held {files} files when the run began: the cold starts here are "
+    shown = f"~/{cache.relative_to(Path.home())}" if cache.is_relative_to(Path.home()) else str(cache)
+    return (f"vLLM's torch.compile cache ({shown}) held {files} files when the run began: the cold starts here are "
             f"process starts with a {state} compile cache")
 
 
@@ -194,7 +195,7 @@ class Bench:
             mode=self.plan.mode, command=self.command_line, started_utc=started_utc,
             duration_s=time.perf_counter() - t0, machine=machine_now(load_before), profile=self.profile.name,
             target=self.target or self.profile.target, draft=self.draft or str(self.profile.draft),
-            prompts_file=str(self.prompts_file), plan=self.plan, ceiling_prompt=self.ceiling_prompt,
+            prompts_file=_within_checkout(self.prompts_file), plan=self.plan, ceiling_prompt=self.ceiling_prompt,
             ceiling_probes=self.probes, throughput=self.points, cold_starts=self.cold_starts, checks=self.checks,
             harness=self.harness, recommendations=self._recommendations(), notes=self.notes)
         return result
@@ -324,3 +325,11 @@ def checks_overhead(k: int, concurrency: int, on: list[float], off: list[float])
                           checks_off_tokens_per_s=s_off, cost_percent=cost,
                           paired_off_over_on=spread(paired_ratios(off, on)), noise_band_percent=noise,
                           verdict=verdict)
+
+
+def _within_checkout(path: Path) -> str:
+    """A path of the checkout relative to its root (results are committed and read on other machines); any other
+    path as given."""
+    root = Path(__file__).resolve().parents[1]
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)

@@ -15,13 +15,15 @@ from loadtest.prompts import PromptError, load_prompts, shipped_sets
 from loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
 from loadtest.summary import EXIT_INTERRUPTED, RunSummary
 from loadtest.workload import Workload
+from serve.profile import DEFAULT_PROFILE, load_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `loadtest` and `ab` to `kimi-eagle`."""
     p = sub.add_parser("loadtest", help="drive a running server with Locust and report latency, throughput and "
                                         "speculative acceptance", description=__doc__)
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--url", help="server base URL (default: where `make serve` listens, "
+                                 f"{default_server_url()})")
     p.add_argument("--engine", default="vllm", choices=sorted(ENGINES), help="engine behind the URL")
     _workload_args(p)
     p.add_argument("--users", default="1", help="concurrent users; a comma list sweeps them (1,2,4)")
@@ -43,6 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab.add_argument("--request-rate", type=float, default=None, help="open loop: total req/s")
     ab.add_argument("--out", type=Path, help="results folder (default results/ab-<time>)")
     ab.set_defaults(handler=run_ab)
+
+
+def default_server_url() -> str:
+    """Where `make serve` (the default profile) listens, so that `make loadtest` needs no arguments beside it."""
+    profile = load_profile(DEFAULT_PROFILE)
+    return f"http://{profile.host}:{profile.port}"
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
@@ -139,6 +147,9 @@ def _run_loadtest(args: argparse.Namespace) -> int:
         rates = _numbers(args.request_rate, float) or [None]
         if len(users) > 1 and rates != [None]:
             return _fail("loadtest", "sweep either --users or --request-rate, not both")
+        if args.url is None:
+            args.url = default_server_url()
+            print(f"kimi-eagle loadtest: no --url: using {args.url}, where `make serve` listens", file=sys.stderr)
         workload = _workload(args, args.url, args.engine, None)
     except (ValueError, PromptError, EngineError, ValidationError) as exc:
         return _fail("loadtest", str(exc))

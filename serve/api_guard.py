@@ -11,6 +11,7 @@
   the field instead, as OpenAI's own API does. It also checks `n` against VLLM_MAX_N_SEQUENCES first: vLLM 0.32
   runs its queue admission (`_preflight` -> `check_admission`, 503 "try again later") before it validates `n`
   (`to_sampling_params`), so with `--max-num-queued-reqs` an `n` the server never allows is told to retry forever.
+  And a chat message whose `role` the chat API does not define (vLLM renders it into the prompt as text).
 
 Both read the environment only (vLLM instantiates middleware classes without arguments) and depend on nothing but
 Starlette's ASGI types, so they cost nothing when not in use.
@@ -29,6 +30,8 @@ API_KEY_ENV = "VLLM_API_KEY"
 MAX_N_ENV = "VLLM_MAX_N_SEQUENCES"
 VLLM_DEFAULT_MAX_N = 16384
 OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/load"})
+# The roles of OpenAI's chat message types (`ChatCompletionMessageParam`).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -86,6 +89,17 @@ def _known_fields() -> dict[str, frozenset[str]]:
     return {"/v1/completions": names(CompletionRequest), "/v1/chat/completions": names(ChatCompletionRequest)}
 
 
+def _unknown_role(data: object) -> str | None:
+    """The first message role that the chat API does not define. vLLM 0.32 takes any string (its message union ends in
+    a custom message type with `role: str`) and the chat template renders it as text; OpenAI answers 400."""
+    messages = data.get("messages") if isinstance(data, dict) else None
+    for message in messages if isinstance(messages, list) else []:
+        role = message.get("role") if isinstance(message, dict) else None
+        if isinstance(role, str) and role not in CHAT_ROLES:
+            return role
+    return None
+
+
 class RejectBadFields:
     """400 for a completion or chat request with a top-level field the server does not implement, or an `n` above
     the server's limit."""
@@ -119,6 +133,11 @@ class RejectBadFields:
                 send, 400, f"unsupported parameter{'s' * (len(unknown) > 1)} for {path}: {', '.join(unknown)} "
                            f"(this server does not implement {them}; remove {them} or check the spelling)",
                 "BadRequestError", param=unknown[0])
+        role = _unknown_role(data) if path == "/v1/chat/completions" else None
+        if role is not None:
+            return await _send_error(
+                send, 400, f"messages: unknown role {role!r}: a chat message's role is one of "
+                           f"{', '.join(CHAT_ROLES)} (check the spelling)", "BadRequestError", param="messages")
         n = data.get("n") if isinstance(data, dict) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > self.max_n:
             text = f"n must be at most {self.max_n}, got {n} (the server's {MAX_N_ENV}): ask for fewer"

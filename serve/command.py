@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serve.profile import Profile, resolve_model_path
+from serve.redact import redact_argv, redact_env, redact_text
 
 API_KEY_ENV = "VLLM_API_KEY"
 LOAD_FORMAT = "safetensors"  # never a pickle format: unpickling runs code from the file
@@ -36,12 +37,12 @@ class ServeCommand:
     api_key: str | None = field(default=None, repr=False)
 
     def printable(self) -> str:
-        """The command as a shell line, with any API key redacted."""
+        """The command as a shell line, every secret redacted (in either flag form, and in the environment)."""
         import shlex
 
-        words = [("<redacted>" if prev == "--api-key" else w) for prev, w in zip(["", *self.argv], self.argv)]
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()) if k != API_KEY_ENV)
-        return (env + " " if env else "") + shlex.join(words)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()) if k != API_KEY_ENV)
+        line = (env + " " if env else "") + shlex.join(redact_argv(self.argv))
+        return redact_text(line, [self.api_key or ""])
 
 
 def _flag_words(name: str, value: object) -> list[str]:
@@ -64,19 +65,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _take_api_key(extra_args: list[str]) -> tuple[list[str], str | None]:
-    """`-- --api-key KEY` (or `--api-key=KEY`) out of argv, where every local user could read it in `ps`."""
+def _take_flag(extra_args: list[str], flag: str) -> tuple[list[str], str | None]:
+    """`flag VALUE` (or `flag=VALUE`) out of the words passed through to vLLM, and its last value."""
     kept: list[str] = []
-    key = None
+    value = None
     words = iter(extra_args)
     for word in words:
-        if word == "--api-key":
-            key = next(words, None)
-        elif word.startswith("--api-key="):
-            key = word.partition("=")[2]
+        if word == flag:
+            value = next(words, None)
+        elif word.startswith(f"{flag}="):
+            value = word.partition("=")[2]
         else:
             kept.append(word)
-    return kept, key
+    return kept, value
 
 
 def _refuse_unsafe_passthrough(extra_args: list[str], profile: Profile) -> None:
@@ -100,9 +101,16 @@ def build_command(profile: Profile, *, target: str | None = None, draft: str | N
     target_path = resolve_model_path(target or profile.target)
     draft_ref = None if no_draft else (draft or profile.draft)
     draft_path = resolve_model_path(draft_ref) if draft_ref else None
-    host = host or profile.host
-    port = port or profile.port
-    extra, passed_key = _take_api_key(list(extra_args or []))
+    # The key leaves argv, where every local user could read it in `ps`; host and port are ours to pass, so that the
+    # URL we wait on and print is the one the server listens on.
+    extra, passed_key = _take_flag(list(extra_args or []), "--api-key")
+    extra, passed_host = _take_flag(extra, "--host")
+    extra, passed_port = _take_flag(extra, "--port")
+    host = host or passed_host or profile.host
+    try:
+        port = port or int(passed_port or profile.port)
+    except ValueError:
+        raise CommandError(f"--port {passed_port}: not a port number") from None
     _refuse_unsafe_passthrough(extra, profile)
     api_key = api_key or passed_key or os.environ.get(API_KEY_ENV)
     if not is_loopback(host) and not api_key:

@@ -6,42 +6,52 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import requests
 
 from kimi_eagle.processes import interrupts_deferred, sigterm_as_keyboard_interrupt
 from serve.command import ServeCommand
-from serve.redact import redact_text, secrets_in
+from serve.server_log import describe_failure
 
 
 class ServerStartError(RuntimeError):
-    """The server exited or did not become healthy; the message holds the end of its log."""
+    """The server exited or did not become healthy; the message names the root cause its log gave."""
 
 
-def _log_tail(log_path: Path | None, api_key: str | None, lines: int = 25) -> str:
-    """The end of the server's log, with the key (and any secret in our environment) redacted: vLLM prints its
-    arguments and, on some errors, request headers, and this text goes into exceptions, terminals and CI logs."""
-    if log_path is None or not log_path.exists():
-        return ""
-    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
-    return redact_text(tail, [api_key or "", *secrets_in()])
-
-
-def start(command: ServeCommand, log_path: Path | None = None, append: bool = False) -> subprocess.Popen:
-    """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart)."""
+def start(command: ServeCommand, log_path: Path | None = None, append: bool = False,
+          echo: bool = False) -> subprocess.Popen:
+    """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart),
+    and with `echo` to our stderr as well, as it comes."""
     env = {**os.environ, **command.env}
     out = open(log_path, "a" if append else "w") if log_path else None  # noqa: SIM115 - owned by the child process
     # A new session, so that one signal reaches the API server and every engine process it started.
-    return subprocess.Popen(command.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                            start_new_session=True)
+    process = subprocess.Popen(command.argv, env=env, stdout=subprocess.PIPE if echo else out,
+                               stderr=subprocess.STDOUT if out or echo else None, start_new_session=True,
+                               text=echo, errors="replace" if echo else None)
+    if echo:
+        threading.Thread(target=_tee, args=(process.stdout, out), daemon=True).start()
+    return process
+
+
+def _tee(lines: Iterator[str], log: TextIO | None) -> None:
+    for line in lines:
+        sys.stderr.write(line)
+        if log is not None:
+            log.write(line)
+            log.flush()
+    if log is not None:
+        log.close()
 
 
 @contextmanager
-def started(command: ServeCommand, log_path: Path | None = None, append: bool = False
+def started(command: ServeCommand, log_path: Path | None = None, append: bool = False, echo: bool = False
             ) -> Iterator[subprocess.Popen]:
     """The server process for the duration of the block, stopped at its end whatever ends it. An interrupt that
     lands while the process is being started takes effect once its handle is held, so it cannot orphan the server
@@ -49,7 +59,7 @@ def started(command: ServeCommand, log_path: Path | None = None, append: bool = 
     process = None
     try:
         with interrupts_deferred():
-            process = start(command, log_path, append)
+            process = start(command, log_path, append, echo)
         yield process
     finally:
         if process is not None:
@@ -63,16 +73,16 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, log_path
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() - started < timeout_s:
         if process.poll() is not None:
-            raise ServerStartError(f"vLLM exited with code {process.returncode} before it was ready.\n"
-                                   f"{_log_tail(log_path, api_key)}")
+            raise ServerStartError(f"vLLM exited with code {process.returncode} before it was ready; "
+                                   f"{describe_failure(log_path, api_key)}")
         try:
             if requests.get(f"{url}/health", timeout=2, headers=headers).status_code == 200:
                 return time.monotonic() - started
         except requests.RequestException:
             pass
         time.sleep(0.5)
-    raise ServerStartError(f"vLLM did not answer {url}/health within {timeout_s:.0f}s.\n"
-                           f"{_log_tail(log_path, api_key)}")
+    raise ServerStartError(f"vLLM did not answer {url}/health within {timeout_s:.0f}s; "
+                           f"{describe_failure(log_path, api_key)}")
 
 
 def stop(process: subprocess.Popen, grace_s: float = 20) -> None:
@@ -95,11 +105,13 @@ def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: flo
     """Start the server, print the URL when it answers, and stay until it exits or Ctrl-C / SIGTERM, which stop
     every process it started. Raises ServerStartError when it does not come up."""
     print(f"Starting {engine}: {command.printable()}", file=sys.stderr, flush=True)
+    # Its output goes to the terminal as it comes, and to a log that a failed start is explained from.
+    log = Path(tempfile.mkstemp(prefix="kimi-eagle-serve-", suffix=".log")[1])
     # The server runs in its own session, so a signal reaches only us: SIGTERM takes the same clean stop as Ctrl-C.
     try:
-        with sigterm_as_keyboard_interrupt(), started(command) as process:
+        with sigterm_as_keyboard_interrupt(), started(command, log, echo=True) as process:
             try:
-                waited = wait_healthy(process, command.url, ready_timeout_s, api_key=command.api_key)
+                waited = wait_healthy(process, command.url, ready_timeout_s, log, api_key=command.api_key)
                 print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
                       flush=True)
                 process.wait()

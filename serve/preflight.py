@@ -9,6 +9,8 @@ from pathlib import Path
 from serve.command import ServeCommand
 from serve.integrity import check_weight_folder
 
+KV_CACHE_BYTES_FLAG = "--kv-cache-memory-bytes"
+GIB = 1 << 30
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as vLLM resolves from a model hub
 
 
@@ -22,11 +24,46 @@ def weights_are_whole(command: ServeCommand) -> bool:
     return not problems
 
 
+def kv_cache_fits(command: ServeCommand) -> bool:
+    """True unless the KV cache asked for in bytes cannot fit in this machine's memory. On a CPU vLLM reserves it on
+    the NUMA node of the first core it may use, and fails the start, after loading and compiling, when the node has
+    less available (`determine_available_memory` in vllm/v1/worker/cpu_worker.py): the same measure, said first."""
+    requested = flag_value(command.argv, KV_CACHE_BYTES_FLAG)
+    if requested is None:
+        return True
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return True  # on a GPU vLLM checks it against the device's memory itself, after loading
+    from vllm.utils.argparse_utils import human_readable_int
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    node = get_allowed_cpu_list()[0].numa_node
+    available = get_memory_node_info(node).available_memory
+    if human_readable_int(requested) <= available:
+        return True
+    print(f"pre-flight: the KV cache needs {human_readable_int(requested) / GIB:.2f} GiB ({KV_CACHE_BYTES_FLAG} "
+          f"{requested}) and NUMA node {node} has {available / GIB:.2f} GiB available: free memory (another "
+          f"server?) or give a smaller {KV_CACHE_BYTES_FLAG} after `--`", file=sys.stderr)
+    return False
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in argv (vLLM's parser keeps the last one too)."""
+    value = None
+    for word, following in zip(argv, [*argv[1:], None]):
+        if word == flag:
+            value = following
+        elif word.startswith(f"{flag}="):
+            value = word.partition("=")[2]
+    return value
+
+
 def preflight(command: ServeCommand) -> bool:
     """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
     from adapter.checks import Severity, refusal_message, run_static_checks
 
-    if not weights_are_whole(command):
+    if not (weights_are_whole(command) and kv_cache_fits(command)):
         return False
     if command.draft is None:
         return True

@@ -30,8 +30,8 @@ Layout of a view (what `doctor` may rely on)::
 
 Weights keep the speculators names (`layers.0.*`, `fc.weight`, `d2t`, `t2d`): SGLang 0.5.23's `llama_eagle3.py`
 accepts `layers.0.*` and maps the legacy `midlayer.*`; `d2t` becomes its hot-token map and `t2d` is skipped
-(/work/shared/notes/sglang.md). Older SGLang releases know only `midlayer.*` and drop `layers.0.*` without a word:
-run `kimi-eagle doctor` against the SGLang version you serve with.
+(`sglang/srt/models/llama_eagle3.py`, `load_weights`). Older SGLang releases know only `midlayer.*` and drop
+`layers.0.*` without a word: run `kimi-eagle doctor` against the SGLang version you serve with.
 
 Refused, because SGLang would run the draft wrongly without a word: speculators options SGLang's draft class does not
 implement (`norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output`), a layer type other than Llama, a

@@ -31,7 +31,7 @@ BF16_BYTES = 2
 INT4_GROUP_SIZE = 32
 
 # --- The published shapes -------------------------------------------------------------------------------------------
-# `text_config` of moonshotai/Kimi-K2.5 (/work/shared/notes/kimi-k2.5.md: the public config.json). Only the fields the
+# `text_config` of moonshotai/Kimi-K2.5 (its public config.json on the model hub). Only the fields the
 # sizing and the flag validation read; vLLM fills the rest with DeepseekV3 defaults.
 KIMI_K25_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "deepseek_v3",

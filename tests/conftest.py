@@ -13,7 +13,8 @@ from serve.command import build_command
 from serve.launch import running_server
 from serve.profile import load_profile
 
-RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "shared" / "recordings" / "sglang-0.5.23-cpu"
+# Real responses of a real SGLang 0.5.23 server (its README says how they were recorded), carried by the project.
+RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
 
 
 @dataclass(frozen=True)
@@ -46,5 +47,5 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def sglang_recordings() -> Path:
     if not RECORDINGS_DIR.is_dir():
-        pytest.fail(f"the SGLang recordings are missing: expected {RECORDINGS_DIR} (../shared beside the checkout)")
+        pytest.fail(f"the SGLang recordings are missing: expected {RECORDINGS_DIR} (part of the checkout)")
     return RECORDINGS_DIR

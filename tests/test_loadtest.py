@@ -169,7 +169,7 @@ def check_run(out: Path, max_tokens: int) -> RunSummary:
 
 class StandIn:
     """A stand-in OpenAI server for the tests that need no engine: it replays a real SGLang 0.5.23 stream (from
-    ../shared/recordings) for every POST /v1/completions, a line every `line_delay_s`, and answers the GETs the
+    tests/data/sglang-0.5.23-cpu) for every POST /v1/completions, a line every `line_delay_s`, and answers the GETs the
     SGLang reader makes with the recorded bodies. With `key` set, every path wants `Authorization: Bearer key`."""
 
     GETS: ClassVar[dict[str, str]] = {"/v1/models": "v1_models.json", "/get_server_info": "get_server_info.raw.json",

@@ -142,6 +142,18 @@ def test_cli_dry_run_never_prints_the_key(leading: str) -> None:
     assert other not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("form", ["equals", "separate"])
+def test_sglang_command_never_prints_a_key_given_after_the_separator(form: str, tmp_path: Path) -> None:
+    """`-- --api-key=KEY` went to SGLang's argv as it was, and the printed command showed it."""
+    key = secrets.token_urlsafe(24)
+    passed = [f"--api-key={key}"] if form == "equals" else ["--api-key", key]
+    done = subprocess.run([*KIMI_EAGLE, "sglang-command", "--out", str(tmp_path / "view"), "--", *passed],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sglang.launch_server" in done.stdout and REDACTED in done.stdout
+    assert key not in done.stdout + done.stderr
+
+
 def test_cli_api_key_without_a_value_is_refused_not_taken_as_the_key() -> None:
     done = subprocess.run([*KIMI_EAGLE, "serve", "--host", "0.0.0.0", "--api-key", "--dry-run"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)

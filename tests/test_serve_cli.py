@@ -44,6 +44,14 @@ def test_dry_run_prints_the_vllm_command_with_overrides_applied() -> None:
     assert spec == {"model": str(DRAFT_DIR), "method": "eagle3", "num_speculative_tokens": 5}
 
 
+def test_port_and_host_after_the_separator_are_the_ones_waited_on() -> None:
+    """`-- --port N` once reached vLLM as a second --port: the server listened on N while we waited on 8000."""
+    command = build_command(load_profile("tiny-cpu"), extra_args=["--port", "8124", "--host=localhost"])
+    assert command.url == "http://localhost:8124"
+    assert command.argv.count("--port") == 1 and command.argv[command.argv.index("--port") + 1] == "8124"
+    assert command.argv.count("--host") == 1 and command.argv[command.argv.index("--host") + 1] == "localhost"
+
+
 def test_no_draft_serves_the_target_alone() -> None:
     result = run_cli("serve", "--dry-run", "--no-draft")
     assert result.returncode == 0, result.stderr

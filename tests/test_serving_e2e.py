@@ -65,6 +65,12 @@ def test_engine_starts_with_draft_and_aux_layers(spec_server: Server) -> None:
     print(f"spec server healthy after {spec_server.ready_s:.0f}s")
 
 
+def test_kv_cache_capacity_is_the_profiles_on_any_machine(spec_server: Server) -> None:
+    """512 MiB stated in bytes: 36,096 tokens of target + draft, whatever the machine's memory."""
+    log = spec_server.log.read_text()
+    assert "Explicitly set (0.5/" in log and "CPU KV cache size: 36,096 tokens" in log
+
+
 def test_models_endpoint(spec_server: Server) -> None:
     assert [m.id for m in client(spec_server).models.list()] == [spec_server.model]
 

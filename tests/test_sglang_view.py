@@ -1,7 +1,7 @@
 """The SGLang side of the A/B: the draft view SGLang reads and the server command, checked for content.
 
-SGLang cannot run here (no CPU kernels on PyPI, see /work/shared/notes/sglang.md), so these tests check what we hand
-it: the flat config, the nested aux ids, the weights linked (not copied) and the checkpoint left as it was."""
+SGLang cannot run here (its PyPI wheels have no CPU kernels for speculative decoding), so these tests check what we
+hand it: the flat config, the nested aux ids, the weights linked (not copied) and the checkpoint left as it was."""
 
 from __future__ import annotations
 

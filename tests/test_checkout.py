@@ -1,0 +1,41 @@
+"""The checkout carries every file it reads: a clone has no folder beside it, and no machine has our paths."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# A sibling folder (`../shared`), an absolute path of the machine the project was written on, or a climb out of the
+# checkout from a test (`parents[2]` of tests/x.py is the folder that holds the checkout).
+OUTSIDE = re.compile(r"\.\./shared|/work/|/root/|parents\[[2-9]\]")
+
+
+def tracked_files() -> list[Path]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / n for n in names.decode().split("\0") if n]
+
+
+def test_no_tracked_text_names_a_path_outside_the_checkout() -> None:
+    found = []
+    for path in tracked_files():
+        if path.suffix in {".safetensors", ".png"} or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
+                  for m in OUTSIDE.finditer(text) if path.name != "test_checkout.py"]
+    assert not found, "paths outside the checkout:\n" + "\n".join(found)
+
+
+def test_the_sglang_recordings_the_tests_read_are_in_the_checkout() -> None:
+    from tests.conftest import RECORDINGS_DIR
+
+    assert RECORDINGS_DIR.is_relative_to(ROOT)
+    index = RECORDINGS_DIR / "index.json"
+    assert index in tracked_files(), "the recordings must be committed, not only present here"
