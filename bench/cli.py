@@ -84,6 +84,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from bench.report import markdown, profile_setting
     from bench.run import Bench, BenchError, load_prompts
     from fixtures.build_draft import HELDOUT_PROMPTS_FILE
+    from loadtest import serve_bench
     from loadtest.files import write_atomic, write_model
     from serve.command import CommandError
     from serve.launch import ServerStartError
@@ -118,7 +119,9 @@ def run_bench(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     json_path = write_model(args.out / f"{name}.json", result)
     md_path = write_atomic(args.out / f"{name}.md", markdown(result))
-    console.print(f"results: {json_path}, {md_path}")
+    # Each point and side as one `vllm bench serve --append-result` line, to be put beside a GPU host's runs.
+    vllm_path = serve_bench.write(args.out / f"{name}.vllm_bench_serve.jsonl", bench.vllm_bench_form)
+    console.print(f"results: {json_path}, {md_path}, {vllm_path}")
     print("Profile setting to use (serve/profiles/<profile>.yaml), by concurrency:")
     print(profile_setting(result.recommendations))
     return 0

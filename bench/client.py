@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import requests
 
@@ -32,10 +33,19 @@ class Sample:
     client_cpu_s: float  # CPU time of this whole process (all client threads) while the sample ran
     token_ids: list[list[int]]
     acceptance: Acceptance | None = None
+    prompt_tokens: int = 0
+    latencies_s: list[float] = field(default_factory=list)  # each request's, sent to answered
 
     @property
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.seconds
+
+
+class Completion(NamedTuple):
+    completion_tokens: int
+    token_ids: list[int]
+    prompt_tokens: int
+    latency_s: float
 
 
 class BenchClient:
@@ -49,11 +59,12 @@ class BenchClient:
             self._local.session = requests.Session()
         return self._local.session
 
-    def complete(self, prompt: str, max_tokens: int | None = None) -> tuple[int, list[int]]:
-        """One greedy completion: (completion tokens by the server's usage, token ids)."""
+    def complete(self, prompt: str, max_tokens: int | None = None) -> Completion:
+        """One greedy completion, its tokens counted by the server's usage."""
         wanted = max_tokens or self.max_tokens
         body = {"model": self.model, "prompt": prompt, "max_tokens": wanted, "temperature": 0,
                 "ignore_eos": True, "return_token_ids": True}
+        started = time.perf_counter()
         try:
             response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
         except requests.RequestException as exc:
@@ -64,7 +75,8 @@ class BenchClient:
         tokens = payload["usage"]["completion_tokens"]
         if tokens != wanted:
             raise BenchRequestError(f"{self.url}: asked for {wanted} tokens with ignore_eos and got {tokens}")
-        return tokens, payload["choices"][0].get("token_ids") or []
+        return Completion(tokens, payload["choices"][0].get("token_ids") or [], payload["usage"]["prompt_tokens"],
+                          time.perf_counter() - started)
 
     def measure(self, prompts: list[str], concurrency: int, requests_total: int, *,
                 with_acceptance: bool = False) -> Sample:
@@ -77,5 +89,7 @@ class BenchClient:
         seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         acceptance = self._engine.acceptance(before, self._engine.snapshot(), []) if before else None
         return Sample(concurrency=concurrency, requests=requests_total,
-                      completion_tokens=sum(t for t, _ in results), seconds=seconds, client_cpu_s=cpu,
-                      token_ids=[ids for _, ids in results], acceptance=acceptance)
+                      completion_tokens=sum(r.completion_tokens for r in results), seconds=seconds, client_cpu_s=cpu,
+                      token_ids=[r.token_ids for r in results], acceptance=acceptance,
+                      prompt_tokens=sum(r.prompt_tokens for r in results),
+                      latencies_s=[r.latency_s for r in results])

@@ -38,6 +38,9 @@ from bench.servers import ColdStart, LiveServer, measured_server
 from bench.speedup_model import Recommendation, recommend
 from bench.stats import paired_ratios, spread
 from kimi_eagle.processes import free_port
+from loadtest import serve_bench
+from loadtest.engines import Acceptance
+from loadtest.serve_bench import ServeBenchResult
 from serve.command import build_command
 from serve.profile import Profile
 
@@ -142,6 +145,7 @@ class Bench:
         self.ceiling_prompt: str | None = None
         self.probes: list[CeilingProbe] = []
         self.notes: list[str] = []
+        self.vllm_bench_form: list[ServeBenchResult] = []  # each point and side as `vllm bench serve` writes a run
 
     # --- servers -------------------------------------------------------------------------------------------------
 
@@ -236,6 +240,8 @@ class Bench:
                 speedup_of_medians=spread(b).median / spread(a).median,
                 paired_speedup=spread(paired_ratios(b, a)), acceptance=summed_acceptance(cell.b),
                 identical_outputs=identical))
+            for side, client, samples in (("plain", plain, cell.a), (f"spec k={k}", spec, cell.b)):
+                self.vllm_bench_form.append(_in_vllm_bench_form(f"{name} c={c} {side}", client.model, samples))
 
     def _checks_phase(self, spec_on: LiveServer, k: int) -> None:
         with self._server(f"spec-k{k}-checks-off", k, checks=False, others=1) as spec_off:
@@ -333,3 +339,17 @@ def _within_checkout(path: Path) -> str:
     root = Path(__file__).resolve().parents[1]
     resolved = Path(path).resolve()
     return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
+def _in_vllm_bench_form(label: str, model: str, samples: list[Sample]) -> ServeBenchResult:
+    figures = summed_acceptance(samples)
+    acceptance = None if figures is None else Acceptance(
+        speculation="on", source="vLLM's counters around each sample", num_verify_steps=figures.verify_steps,
+        num_draft_tokens=figures.draft_tokens, num_accepted_tokens=figures.accepted_tokens,
+        acceptance_rate=figures.acceptance_rate, mean_acceptance_length=figures.mean_acceptance_length,
+        per_position_acceptance_rate=figures.per_position)
+    return serve_bench.from_batches(
+        label=label, model=model, concurrency=samples[0].concurrency, seconds=sum(s.seconds for s in samples),
+        requests=sum(s.requests for s in samples), input_tokens=sum(s.prompt_tokens for s in samples),
+        output_tokens=sum(s.completion_tokens for s in samples),
+        latencies_ms=[1000 * t for s in samples for t in s.latencies_s], acceptance=acceptance)

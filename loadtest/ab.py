@@ -142,14 +142,37 @@ def fairness_checks(a: ServerConfig | None, b: ServerConfig | None, a_runs: list
             verdict = "same" if va == vb else "DIFFERS"
         checks.append(FairnessCheck(setting=setting, a=va, b=vb, verdict=verdict))
     wa, wb = a_runs[0].workload, b_runs[0].workload
-    same = {k: v for k, v in wa.model_dump().items() if k not in ("url", "engine", "model")} == \
-           {k: v for k, v in wb.model_dump().items() if k not in ("url", "engine", "model")}
-    checks.append(FairnessCheck(setting="workload (prompts, seed, max_tokens, ...)", a="as run", b="as run",
-                                verdict="same" if same else "DIFFERS"))
-    ua, ub = a_runs[0].locust.users, b_runs[0].locust.users
-    checks.append(FairnessCheck(setting="client concurrency (users)", a=ua, b=ub,
-                                verdict="same" if ua == ub else "DIFFERS"))
+    if wa is None or wb is None:
+        recorded = " and ".join(side for side, w in (("A", wa), ("B", wb)) if w is None)
+        checks.append(FairnessCheck(setting="workload (prompts, seed, max_tokens, ...)",
+                                    a="as run" if wa else "recorded", b="as run" if wb else "recorded",
+                                    verdict=f"not known for {recorded} (recorded elsewhere): compare the output "
+                                            "tokens per request and the concurrency"))
+    else:
+        same = {k: v for k, v in wa.model_dump().items() if k not in ("url", "engine", "model")} == \
+               {k: v for k, v in wb.model_dump().items() if k not in ("url", "engine", "model")}
+        checks.append(FairnessCheck(setting="workload (prompts, seed, max_tokens, ...)", a="as run", b="as run",
+                                    verdict="same" if same else "DIFFERS"))
+    ua, ub = _concurrency(a_runs[0]), _concurrency(b_runs[0])
+    checks.append(FairnessCheck(setting="client concurrency (users; max_concurrency of a recorded run)", a=ua, b=ub,
+                                verdict="same" if ua == ub else "DIFFERS" if None not in (ua, ub) else
+                                "not known for " + " and ".join(s for s, v in (("A", ua), ("B", ub)) if v is None)))
+    ta, tb = _output_tokens_per_request(a_runs), _output_tokens_per_request(b_runs)
+    checks.append(FairnessCheck(setting="output tokens per request (mean)", a=ta, b=tb,
+                                verdict="same" if ta == tb else "DIFFERS" if None not in (ta, tb) else "not known"))
     return checks
+
+
+def _concurrency(run: RunSummary) -> int | None:
+    if run.locust is not None:
+        return run.locust.users
+    return (run.recorded or {}).get("max_concurrency")
+
+
+def _output_tokens_per_request(runs: list[RunSummary]) -> str | None:
+    tokens = [r.tokens.completion_tokens_total for r in runs]
+    ok = sum(r.requests.ok for r in runs)
+    return None if None in tokens or not ok else f"{sum(tokens) / ok:.1f}"
 
 
 def _acceptance_cell(acc: Acceptance | None) -> str:
@@ -160,14 +183,25 @@ def _acceptance_cell(acc: Acceptance | None) -> str:
     return acc.source
 
 
+def _workload_line(a: list[RunSummary], b: list[RunSummary]) -> str:
+    run = next((r for r in (a[0], b[0]) if r.workload is not None), None)
+    recorded = [f"{side} was recorded elsewhere (`{runs[0].recorded_from}`, {len(runs)} run(s))"
+                for side, runs in (("A", a), ("B", b)) if runs[0].workload is None]
+    if run is None or run.workload is None or run.locust is None:
+        return f"- both sides recorded elsewhere: {'; '.join(recorded)}"
+    w = run.workload
+    live = (f"{len(a) if a[0].workload else len(b)} rounds per live side, run in the order A B A B ...; the same "
+            f"workload" if not recorded else "the live side's workload")
+    return (f"- {live}: `{w.api}` API, prompts `{w.prompts}` (seed {w.seed}), max_tokens {w.max_tokens}, "
+            f"ignore_eos {w.ignore_eos}, temperature {w.temperature}, {run.locust.users} users"
+            + "".join(f"; {r}" for r in recorded))
+
+
 def ab_markdown(summary: AbSummary) -> str:
     a, b = summary.a.rounds, summary.b.rounds
     lines = ["# A/B load test", "",
              f"- A: `{summary.a.url}` ({summary.a.engine}); B: `{summary.b.url}` ({summary.b.engine})",
-             f"- {len(a)} rounds per side, run in the order A B A B ...; the same workload: `{a[0].workload.api}` "
-             f"API, prompts `{a[0].workload.prompts}` (seed {a[0].workload.seed}), max_tokens "
-             f"{a[0].workload.max_tokens}, ignore_eos {a[0].workload.ignore_eos}, temperature "
-             f"{a[0].workload.temperature}, {a[0].locust.users} users",
+             _workload_line(a, b),
              "- cells: mean over rounds ± half the round-to-round range; a verdict only where |B - A| exceeds the "
              "larger range of the two sides", "",
              "## Side by side", "", "| figure | A | B | B/A | verdict |", "| --- | --- | --- | --- | --- |"]
@@ -197,8 +231,10 @@ def ab_markdown(summary: AbSummary) -> str:
               f"{c.verdict} |" for c in summary.fairness]
     lines += ["", "## Rounds", "", "| round | side | output tok/s | TTFT p50 (ms) | acceptance length | folder |",
               "| --- | --- | --- | --- | --- | --- |"]
-    for i in range(len(a)):
+    for i in range(max(len(a), len(b))):
         for side, rounds in (("A", summary.a), ("B", summary.b)):
+            if i >= len(rounds.rounds):
+                continue
             s = rounds.rounds[i]
             acc = s.acceptance.mean_acceptance_length if s.acceptance else None
             lines.append(f"| {i + 1} | {side} | {_f(s.throughput.output_tokens_per_s)} | "
@@ -236,8 +272,9 @@ def write_ab(out_dir: Path, summary: AbSummary) -> Path:
     write_model(out_dir / "ab_summary.json", summary)
     pooled: dict[str, list[RequestRecord]] = {}
     for side, label in ((summary.a, "A"), (summary.b, "B")):
-        pooled[f"{label} ({side.engine})"] = [r for folder in side.folders
-                                               for r in load_records(out_dir / folder / "requests.jsonl")]
+        if side.rounds[0].recorded_from is None:  # a recorded side has no per-request records here
+            pooled[f"{label} ({side.engine})"] = [r for folder in side.folders
+                                                   for r in load_records(out_dir / folder / "requests.jsonl")]
     plot_latency_cdfs(pooled, out_dir / "latency_cdf.png")
     plot_rounds(summary, out_dir / "rounds.png")
     plot_acceptance({f"{k} ({side.engine})": (side.rounds[-1].acceptance.per_position_acceptance_rate

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kimi_eagle.processes import sigterm_as_keyboard_interrupt
+from loadtest import serve_bench
 from loadtest.engines import ENGINES, EngineError, get_engine
 from loadtest.prompts import PromptError, load_prompts, shipped_sets
 from loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
@@ -35,10 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab = sub.add_parser("ab", help="the same Locust workload against two servers in turn, side by side",
                         description="Runs A B A B ... (--rounds) with the same prompts, seed and output lengths, "
                                     "and writes DIR/report.md with ratios B/A and fairness checks.")
-    ab.add_argument("--a", required=True, metavar="URL", help="server A")
-    ab.add_argument("--a-engine", default="vllm", choices=sorted(ENGINES))
-    ab.add_argument("--b", required=True, metavar="URL", help="server B")
-    ab.add_argument("--b-engine", default="vllm", choices=sorted(ENGINES))
+    for side in ("a", "b"):
+        given = ab.add_mutually_exclusive_group(required=True)
+        given.add_argument(f"--{side}", metavar="URL", help=f"server {side.upper()}, run here")
+        given.add_argument(f"--{side}-result", metavar="FILE", type=Path,
+                           help=f"side {side.upper()} recorded elsewhere: a `vllm bench serve --save-result` file "
+                                "(or --append-result, one run a line: each is a round), e.g. from a GPU host")
+        ab.add_argument(f"--{side}-engine", default="vllm", choices=sorted(ENGINES),
+                        help="the engine behind it (for a recorded side: the engine it measured)")
     ab.add_argument("--rounds", type=int, default=2, help="rounds per side (2+ for verdicts; default 2)")
     _workload_args(ab)
     ab.add_argument("--users", type=int, default=1, help="concurrent users (same for both sides)")
@@ -109,7 +114,7 @@ def print_summary(s: RunSummary) -> None:
     for name, d in (("TTFT ms", s.ttft_ms), ("TPOT ms", s.tpot_ms), ("ITL/token ms", s.itl_per_token_ms),
                     ("inter-chunk ms", s.inter_chunk_latency_ms), ("latency ms", s.e2e_latency_ms),
                     ("tokens/chunk", s.tokens_per_chunk)):
-        cells = [f"{getattr(d, k):.2f}" if d else "n/a" for k in ("mean", "p50", "p90", "p99")]
+        cells = [f"{v:.2f}" if d and (v := getattr(d, k)) is not None else "n/a" for k in ("mean", "p50", "p90", "p99")]
         table.add_row(name, *cells)
     console = Console(stderr=True)
     console.print(table)
@@ -184,7 +189,9 @@ def _run_loadtest(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if len(points) > 1:
         _write_sweep(out, summaries, folders)
-    print(f"results: {out}/summary.json, {out}/report.md")
+    each = "" if len(points) == 1 else "*/"
+    print(f"results: {out}/summary.json, {out}/report.md, {out}/{each}{serve_bench.FILE_NAME} (as `vllm bench serve` "
+          "writes it)")
     return worst
 
 
@@ -211,17 +218,24 @@ def _run_ab(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         return _fail("ab", "--rounds must be at least 1 (2 or more for verdicts)")
     out = args.out or Path("results") / time.strftime("ab-%Y%m%d-%H%M%S")
-    try:
-        sides = {"A": _workload(args, args.a, args.a_engine, args.request_rate),
-                 "B": _workload(args, args.b, args.b_engine, args.request_rate)}
-    except (ValueError, PromptError, EngineError, ValidationError) as exc:
-        return _fail("ab", str(exc))
     rounds: dict[str, list[RunSummary]] = {"A": [], "B": []}
     folders: dict[str, list[str]] = {"A": [], "B": []}
+    live: dict[str, Workload] = {}
+    try:
+        for side in ("A", "B"):
+            url, recorded, engine = (getattr(args, f"{side.lower()}{suffix}") for suffix in ("", "_result", "_engine"))
+            if recorded is None:
+                live[side] = _workload(args, url, engine, args.request_rate)
+                continue
+            results = serve_bench.read(recorded)
+            rounds[side] = [serve_bench.as_run_summary(r, engine, recorded) for r in results]
+            folders[side] = [f"{recorded} (run {i + 1})" for i in range(len(results))]
+    except (ValueError, PromptError, EngineError, ValidationError) as exc:
+        return _fail("ab", str(exc))
     worst = 0
     try:
         for r in range(1, args.rounds + 1):
-            for side, workload in sides.items():
+            for side, workload in live.items():
                 folder = f"round{r}-{side}"
                 run = LocustRun(workload=workload, out_dir=out / folder, users=args.users,
                                 spawn_rate=args.spawn_rate, run_time=args.run_time, workers=args.workers,
@@ -237,10 +251,10 @@ def _run_ab(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         _interrupted("ab", exc)
         # Only whole rounds are compared: an interrupted one stays in its folder, out of the report.
-        complete = min(len(rounds["A"]), len(rounds["B"]))
+        complete = min(len(rounds[side]) for side in live) if live else 0
         if complete:
-            _write_ab(args, out, {k: v[:complete] for k, v in rounds.items()},
-                      {k: v[:complete] for k, v in folders.items()})
+            _write_ab(args, out, {k: v[:complete] if k in live else v for k, v in rounds.items()},
+                      {k: v[:complete] if k in live else v for k, v in folders.items()})
         return EXIT_INTERRUPTED
     _write_ab(args, out, rounds, folders)
     return worst
@@ -251,8 +265,10 @@ def _write_ab(args: argparse.Namespace, out: Path, rounds: dict[str, list[RunSum
     from loadtest.ab import AbSummary, SideRounds, fairness_checks, write_ab
 
     summary = AbSummary(
-        a=SideRounds(url=args.a, engine=args.a_engine, rounds=rounds["A"], folders=folders["A"]),
-        b=SideRounds(url=args.b, engine=args.b_engine, rounds=rounds["B"], folders=folders["B"]),
+        a=SideRounds(url=args.a or f"recorded: {args.a_result}", engine=args.a_engine, rounds=rounds["A"],
+                     folders=folders["A"]),
+        b=SideRounds(url=args.b or f"recorded: {args.b_result}", engine=args.b_engine, rounds=rounds["B"],
+                     folders=folders["B"]),
         fairness=fairness_checks(rounds["A"][-1].server_config, rounds["B"][-1].server_config, rounds["A"],
                                  rounds["B"]))
     for check in summary.fairness:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loadtest import serve_bench
 from loadtest.engines import EngineReader, EngineSnapshot
 from loadtest.files import write_atomic, write_jsonl, write_model
 from loadtest.metrics import summarise
@@ -15,6 +16,7 @@ from loadtest.workload import Workload
 FILES = {
     "summary.json": "the figures of this run (loadtest.summary.RunSummary)",
     "report.md": "this report",
+    serve_bench.FILE_NAME: "the same run in the form `vllm bench serve --save-result` writes (loadtest/serve_bench.py)",
     "requests.jsonl": "one raw record per request (timestamps, chunk token counts, server usage)",
     "engine_before.json": "the engine's counters and settings before the run",
     "engine_after.json": "the same after the run",
@@ -42,9 +44,11 @@ def write_run(out_dir: Path, *, records: list[RequestRecord], workload: Workload
     plot_latency_cdfs({label or "run": records}, out_dir / "latency_cdf.png")
     plot_acceptance({label or "run": acceptance.per_position_acceptance_rate if acceptance else None},
                     out_dir / "acceptance_per_position.png")
+    written_after = ("summary.json", "report.md", serve_bench.FILE_NAME)
     summary.files = {name: what for name, what in FILES.items()
-                     if "*" in name or (out_dir / name).exists() or name in ("summary.json", "report.md")}
+                     if "*" in name or (out_dir / name).exists() or name in written_after}
     write_model(out_dir / "summary.json", summary)
+    serve_bench.write(out_dir / serve_bench.FILE_NAME, [serve_bench.from_run(summary, records)])
     write_atomic(out_dir / "report.md", run_markdown(summary))
     return summary
 

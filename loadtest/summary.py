@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -20,10 +20,10 @@ class Distribution(BaseModel):
     count: int
     mean: float
     p50: float
-    p90: float
-    p99: float
-    min: float
-    max: float
+    p90: float | None = Field(None, description="None in a result recorded by another tool that gives no p90.")
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
 
 
 def distribution(values: list[float]) -> Distribution | None:
@@ -100,8 +100,8 @@ class RunSummary(BaseModel):
     label: str | None = Field(None, description="Free text: which server / round this run is.")
     interrupted: bool = Field(False, description="Stopped by Ctrl-C or SIGTERM before its end: the figures cover "
                                                  "the requests answered until then.")
-    workload: Workload
-    locust: LocustSettings
+    workload: Workload | None = Field(description="None for a run recorded by another tool (`recorded`).")
+    locust: LocustSettings | None
     model: str
     started_unix_s: float | None
     requests: RequestCounts
@@ -120,6 +120,9 @@ class RunSummary(BaseModel):
     client_overhead: ClientOverhead
     server_config: ServerConfig | None
     files: dict[str, str] = Field(default_factory=dict, description="What is in the results folder.")
+    recorded_from: str | None = Field(None, description="The file of a run recorded by another tool "
+                                                        "(`vllm bench serve`), read for an A/B.")
+    recorded: dict[str, Any] | None = Field(None, description="That file's own fields, as it gives them.")
 
     model_config = {"populate_by_name": True}
 

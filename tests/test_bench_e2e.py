@@ -13,6 +13,7 @@ from bench.plan import QUICK
 from bench.result import BenchResult
 from fixtures.build_draft import HELDOUT_PROMPTS_FILE
 from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from loadtest import serve_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +63,16 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
         assert set(r.predicted_speedup_by_k) == {1, 2, 3}
         # One measured k calibrates the model: there it reproduces the measurement.
         assert r.predicted_speedup_by_k[3] == pytest.approx(r.measured_speedup_by_k[3])
+
+    # Each point and side also as a `vllm bench serve --append-result` line, read back by the A/B's reader.
+    vllm_form = serve_bench.read(json_path.with_suffix(".vllm_bench_serve.jsonl"))
+    assert len(vllm_form) == 2 * len(result.throughput)
+    plain, spec = (next(r for r in vllm_form if r.label == f"held-out c=1 {side}") for side in ("plain", "spec k=3"))
+    assert plain.completed == spec.completed == QUICK.repeats * QUICK.requests_per_sample
+    assert plain.total_output_tokens == plain.completed * QUICK.max_tokens and plain.mean_ttft_ms is None
+    assert plain.spec_decode_num_drafts is None and spec.spec_decode_num_drafts == held[1].acceptance.verify_steps
+    assert spec.output_throughput == pytest.approx(spec.total_output_tokens / spec.duration)
+    assert spec.mean_e2el_ms and spec.mean_e2el_ms > 0
 
     report = json_path.with_suffix(".md").read_text()
     assert "## 7. Recommended num_speculative_tokens" in report and result.command in report
