@@ -24,7 +24,7 @@ else
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q -c requirements/cpu.lock -e '.[dev]'
 endif
-	$(PY) -c "import vllm, adapter.plugin" 2>/dev/null
+	$(PY) -c "import vllm, kimi_eagle.adapter.plugin" 2>/dev/null
 	touch $(STAMP)
 
 serve: setup

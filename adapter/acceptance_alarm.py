@@ -10,16 +10,15 @@ of at least `KIMI_EAGLE_ALARM_WINDOW_DRAFTS` drafts, and when accepted / drafted
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 
-from adapter import compat
+from kimi_eagle.adapter import compat
+
+from kimi_eagle import envs
 
 logger = logging.getLogger("vllm.kimi_eagle")
 
-DEFAULT_WINDOW_DRAFTS = 200
-DEFAULT_MIN_RATE = 0.05
 REPEAT_WARNING_S = 60.0
 
 
@@ -74,8 +73,7 @@ def install() -> bool:
                       multiprocess_mode="max")
     rate = Gauge("kimi_eagle:spec_decode_window_acceptance_rate",
                  "Accepted / drafted tokens over the last window of drafts", multiprocess_mode="max")
-    watch = AcceptanceWatch(int(os.environ.get("KIMI_EAGLE_ALARM_WINDOW_DRAFTS", DEFAULT_WINDOW_DRAFTS)),
-                            float(os.environ.get("KIMI_EAGLE_ALARM_MIN_RATE", DEFAULT_MIN_RATE)), collapsed, rate)
+    watch = AcceptanceWatch(envs.alarm_window_drafts(), envs.alarm_min_rate(), collapsed, rate)
 
     def observe(self, spec_decoding_stats, engine_idx: int = 0):
         original(self, spec_decoding_stats, engine_idx)

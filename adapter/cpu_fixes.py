@@ -9,8 +9,7 @@ from __future__ import annotations
 import logging
 
 import torch
-
-from adapter import compat
+from kimi_eagle.adapter import compat
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
@@ -77,7 +76,7 @@ def verify_draft_tokens_on_the_mla_decode_kernel() -> None:
     (`adapter/cpu_mla_spec_decode.py`, through vLLM's backend registry) runs them on the decode kernel."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CPU_MLA, "adapter.cpu_mla_spec_decode.SpecDecodeCPUMLABackend")
+    register_backend(AttentionBackendEnum.CPU_MLA, "kimi_eagle.adapter.cpu_mla_spec_decode.SpecDecodeCPUMLABackend")
 
 
 def apply() -> bool:

@@ -13,20 +13,16 @@ collapses with no word in the log. These guards wrap the proposer's `load_model`
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
+from kimi_eagle.adapter import compat
 
-from adapter import compat
+from kimi_eagle import envs
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
 SHARED_FROM_TARGET = ("embed_tokens", "lm_head")  # a draft may legitimately borrow these from the target
-# Static checks read the draft's files; a draft that is not a local folder cannot be read, and the runtime guards
-# below must still hold (tests turn the static checks off to reach them).
-STATIC_CHECKS_ENV = "KIMI_EAGLE_STATIC_CHECKS"
-FAULT_ENV = "KIMI_EAGLE_FAULT"  # fault injection for the guards' own tests: "aux-single-layer"
 _SENTINEL_INT = -(2**62)
 
 
@@ -41,11 +37,13 @@ def _draft_and_target_dirs(proposer) -> tuple[Path | None, Path | None]:
 
 
 def run_static_checks(proposer) -> None:
-    if os.environ.get(STATIC_CHECKS_ENV, "1") == "0":
-        logger.warning("kimi-eagle: %s=0: static draft checks skipped", STATIC_CHECKS_ENV)
+    # Static checks read the draft's files; a draft that is not a local folder cannot be read, and the runtime
+    # guards below must still hold (tests turn the static checks off to reach them).
+    if not envs.static_checks():
+        logger.warning("kimi-eagle: %s=0: static draft checks skipped", envs.STATIC_CHECKS.name)
         return
-    from adapter.checks import Severity, refusal_message
-    from adapter.checks import run_static_checks as static_checks
+    from kimi_eagle.adapter.checks import Severity, refusal_message
+    from kimi_eagle.adapter.checks import run_static_checks as static_checks
 
     draft_dir, target_dir = _draft_and_target_dirs(proposer)
     if draft_dir is None:
@@ -161,7 +159,7 @@ def check_first_step_width(draft_model, ids: tuple[int, ...], target_hidden: int
 def _inject_fault(target_model, ids: tuple[int, ...]) -> None:
     """Simulate a target class that does not forward the aux-layer capture (the SGLang Kimi-K2.5 failure):
     only the last layer is captured. Used by tests to prove the first-step check names it."""
-    if os.environ.get(FAULT_ENV) != "aux-single-layer":
+    if envs.fault() != "aux-single-layer":
         return
     original = target_model.set_aux_hidden_state_layers
 
@@ -169,7 +167,7 @@ def _inject_fault(target_model, ids: tuple[int, ...]) -> None:
         original(tuple(layers)[-1:])
 
     target_model.set_aux_hidden_state_layers = capture_one
-    logger.warning("kimi-eagle: FAULT INJECTION %s=aux-single-layer: target captures only layer %s", FAULT_ENV,
+    logger.warning("kimi-eagle: FAULT INJECTION %s=aux-single-layer: target captures only layer %s", envs.FAULT.name,
                    ids[-1:])
 
 

@@ -7,13 +7,9 @@ them the pair cannot run); `make bench` uses it to measure what the checks cost.
 
 from __future__ import annotations
 
-import os
+from kimi_eagle import envs
 
 _registered = False
-
-
-def runtime_checks_enabled() -> bool:
-    return os.environ.get("KIMI_EAGLE_RUNTIME_CHECKS", "1") != "0"
 
 
 def register() -> None:
@@ -21,11 +17,11 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from adapter import cpu_fixes
+    from kimi_eagle.adapter import cpu_fixes
 
     cpu_fixes.apply()
-    if runtime_checks_enabled():
-        from adapter import acceptance_alarm, draft_guard
+    if envs.runtime_checks():
+        from kimi_eagle.adapter import acceptance_alarm, draft_guard
 
         draft_guard.install()
         acceptance_alarm.install()

@@ -55,10 +55,10 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def _rewrite_report(path: Path) -> int:
-    from bench.report import markdown, profile_setting
-    from bench.result import BenchResult
-    from bench.run import recommendations
-    from loadtest.files import write_atomic, write_model
+    from kimi_eagle.bench.report import markdown, profile_setting
+    from kimi_eagle.bench.result import BenchResult
+    from kimi_eagle.bench.run import recommendations
+    from kimi_eagle.loadtest.files import write_atomic, write_model
 
     try:
         data = json.loads(path.read_text())
@@ -77,18 +77,17 @@ def _rewrite_report(path: Path) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from kimi_eagle.bench.client import BenchRequestError
+    from kimi_eagle.bench.plan import FULL, QUICK
+    from kimi_eagle.bench.report import markdown, profile_setting
+    from kimi_eagle.bench.run import Bench, BenchError, load_prompts
+    from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+    from kimi_eagle.loadtest import serve_bench
+    from kimi_eagle.loadtest.files import write_atomic, write_model
+    from kimi_eagle.serve.command import CommandError
+    from kimi_eagle.serve.launch import ServerStartError
+    from kimi_eagle.serve.profile import ProfileError, load_profile
     from rich.console import Console
-
-    from bench.client import BenchRequestError
-    from bench.plan import FULL, QUICK
-    from bench.report import markdown, profile_setting
-    from bench.run import Bench, BenchError, load_prompts
-    from fixtures.build_draft import HELDOUT_PROMPTS_FILE
-    from loadtest import serve_bench
-    from loadtest.files import write_atomic, write_model
-    from serve.command import CommandError
-    from serve.launch import ServerStartError
-    from serve.profile import ProfileError, load_profile
 
     console = Console(stderr=True)
     if args.report:

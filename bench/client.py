@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import requests
-
-from loadtest.engines import Acceptance, get_engine
+from kimi_eagle.loadtest.engines import Acceptance, get_engine
 
 
 class BenchRequestError(RuntimeError):

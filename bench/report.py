@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.result import BenchResult, ThroughputPoint
-from bench.speedup_model import Recommendation, tokens_per_step
-from bench.stats import Spread
+from kimi_eagle.bench.result import BenchResult, ThroughputPoint
+from kimi_eagle.bench.speedup_model import Recommendation, tokens_per_step
+from kimi_eagle.bench.stats import Spread
 
 
 def _s(s: Spread | None, digits: int = 1) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from kimi_eagle.bench.plan import BenchPlan
+from kimi_eagle.bench.servers import ColdStart
+from kimi_eagle.bench.speedup_model import Recommendation
+from kimi_eagle.bench.stats import Spread
 from pydantic import BaseModel, Field
-
-from bench.plan import BenchPlan
-from bench.servers import ColdStart
-from bench.speedup_model import Recommendation
-from bench.stats import Spread
 
 RESULT_SCHEMA = "kimi-eagle/bench/1"
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-
-from bench.client import BenchClient, Sample
-from bench.plan import BenchPlan
-from bench.result import (
+from kimi_eagle.bench.client import BenchClient, Sample
+from kimi_eagle.bench.plan import BenchPlan
+from kimi_eagle.bench.result import (
     AcceptanceFigures,
     BenchResult,
     CeilingProbe,
@@ -34,17 +33,17 @@ from bench.result import (
     Machine,
     ThroughputPoint,
 )
-from bench.servers import ColdStart, LiveServer, measured_server
-from bench.speedup_model import Recommendation, recommend
-from bench.stats import paired_ratios, spread
-from kimi_eagle.processes import free_port
-from loadtest import serve_bench
-from loadtest.engines import Acceptance
-from loadtest.serve_bench import ServeBenchResult
-from serve.command import build_command
-from serve.profile import Profile
+from kimi_eagle.bench.servers import ColdStart, LiveServer, measured_server
+from kimi_eagle.bench.speedup_model import Recommendation, recommend
+from kimi_eagle.bench.stats import paired_ratios, spread
+from kimi_eagle.loadtest import serve_bench
+from kimi_eagle.loadtest.engines import Acceptance
+from kimi_eagle.loadtest.serve_bench import ServeBenchResult
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.profile import Profile
 
-RUNTIME_CHECKS_ENV = "KIMI_EAGLE_RUNTIME_CHECKS"  # read by adapter.plugin in every vLLM process
+from kimi_eagle import envs
+from kimi_eagle.processes import free_port
 
 
 class BenchError(RuntimeError):
@@ -156,7 +155,7 @@ class Bench:
                                 extra_args=[w for name, value in self.plan.vllm_overrides.items()
                                             for w in (f"--{name}", value)])
         if not checks:
-            command.env[RUNTIME_CHECKS_ENV] = "0"
+            command.env[envs.RUNTIME_CHECKS.name] = "0"
         log = self.files_dir / "logs" / f"{config}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self.say(f"starting {config} ({'with' if k else 'without'} the draft{f', k={k}' if k else ''}; log {log})")
@@ -257,8 +256,8 @@ class Bench:
                 self.say(f"  runtime checks at c={c}: {self.checks[-1].verdict}")
 
     def _harness_phase(self, spec: LiveServer, k: int) -> None:
-        from loadtest.runner import LoadTestError, LocustRun, run_locust
-        from loadtest.workload import Workload
+        from kimi_eagle.loadtest.runner import LoadTestError, LocustRun, run_locust
+        from kimi_eagle.loadtest.workload import Workload
 
         c = max(self.plan.concurrency)
         client = self._client(spec)

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import psutil
 import requests
+from kimi_eagle.serve.command import ServeCommand
+from kimi_eagle.serve.launch import ServerStartError, started, wait_healthy
 from pydantic import BaseModel, Field
-
-from serve.command import ServeCommand
-from serve.launch import ServerStartError, started, wait_healthy
 
 
 class ColdStart(BaseModel):

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from adapter.checks import Finding
-    from doctor.engine_probe import EngineProbe
-    from doctor.probe import ProbeResult
+    from kimi_eagle.adapter.checks import Finding
+    from kimi_eagle.doctor.engine_probe import EngineProbe
+    from kimi_eagle.doctor.probe import ProbeResult
 
 DEFAULT_PROBE_PROFILE = "tiny-cpu"
 
@@ -54,10 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
+    from kimi_eagle.adapter.checks import diagnose
+    from kimi_eagle.doctor.report import exit_code, print_report
     from rich.console import Console
-
-    from adapter.checks import diagnose
-    from doctor.report import exit_code, print_report
 
     args.probe = args.probe or bool(args.probe_url or args.probe_profile or args.agreement_only)
     if args.agreement_only and (args.probe_url or args.probe_profile):
@@ -74,7 +73,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     diagnosis = diagnose(args.draft, args.target)
     probe = engine = None
     if args.probe:
-        from doctor.probe import ProbeError
+        from kimi_eagle.doctor.probe import ProbeError
 
         try:
             probe, engine, skipped = run_probes(args, refused_for_vllm=exit_code(diagnosis.findings, "vllm") == 2)
@@ -97,11 +96,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 160))
     print_report(diagnosis, console, args.engine)
     if probe:
-        from doctor.probe import probe_table
+        from kimi_eagle.doctor.probe import probe_table
 
         console.print(probe_table(probe))
     if engine:
-        from doctor.engine_probe import acceptance_table
+        from kimi_eagle.doctor.engine_probe import acceptance_table
 
         console.print(acceptance_table(engine))
     console.print({0: "[green]all good[/]", 1: "[yellow]warnings[/] (exit 1)",
@@ -114,9 +113,9 @@ def run_probes(args: argparse.Namespace,
     """Step-0 agreement (None when the target does not fit here), then the acceptance through vLLM (None with
     --agreement-only), and a finding for a skipped step-0. Each part that cannot run on this machine is skipped with
     its reason; a ProbeError is a fault of the pair or of the input."""
-    from adapter.checks import Finding, Severity
-    from doctor.calibration import CalibrationError, calibration_prompts
-    from doctor.probe import ProbeError, TargetTooBigError, probe_aux_ids
+    from kimi_eagle.adapter.checks import Finding, Severity
+    from kimi_eagle.doctor.calibration import CalibrationError, calibration_prompts
+    from kimi_eagle.doctor.probe import ProbeError, TargetTooBigError, probe_aux_ids
 
     try:
         prompts = calibration_prompts(args.prompts)
@@ -138,8 +137,8 @@ def run_probes(args: argparse.Namespace,
 def engine_probe(args: argparse.Namespace, prompts: list[str], refused_for_vllm: bool) -> EngineProbe | None:
     """The acceptance through vLLM: on the server at --probe-url, or on one started for the pair; None with
     --agreement-only; skipped (with why) where the target does not fit here or the static checks refuse the draft."""
-    from doctor.engine_probe import EngineProbe, measure_on_running_server, measure_with_started_server
-    from doctor.probe import TargetTooBigError, check_runnable_here
+    from kimi_eagle.doctor.engine_probe import EngineProbe, measure_on_running_server, measure_with_started_server
+    from kimi_eagle.doctor.probe import TargetTooBigError, check_runnable_here
 
     if args.agreement_only:
         return None

@@ -17,18 +17,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from kimi_eagle.adapter.checks import Finding, Severity
+from kimi_eagle.doctor.probe import ProbeError
+from kimi_eagle.loadtest.engines import Acceptance
 from pydantic import BaseModel, Field
 from rich.table import Table
 
-from adapter.acceptance_alarm import DEFAULT_MIN_RATE
-from adapter.checks import Finding, Severity
-from doctor.probe import ProbeError
+from kimi_eagle import envs
 from kimi_eagle.processes import free_port, sigterm_as_keyboard_interrupt
-from loadtest.engines import Acceptance
 
 MAX_TOKENS = 64
 # The plugin's alarm threshold (ACCEPTANCE COLLAPSE in the server log): one meaning of "accepts almost nothing".
-LOW_ACCEPTANCE_RATE = DEFAULT_MIN_RATE
+LOW_ACCEPTANCE_RATE = float(envs.ALARM_MIN_RATE.default)
 READY_TIMEOUT_S = 600  # vLLM takes 60-200 s to answer /health on a loaded 2-core machine
 REQUEST_TIMEOUT_S = 600
 PROMPTS_PER_REQUEST = 16  # the tiny-cpu profile's --max-num-seqs: one batch per request
@@ -71,8 +71,7 @@ def measure(url: str, model: str | None, prompts: list[str], *, api_key: str | N
             max_tokens: int = MAX_TOKENS) -> EngineProbe:
     """Send the prompts to the vLLM server at `url` (greedy) and read its acceptance counters around them."""
     import openai
-
-    from loadtest.engines import EngineError, VllmReader
+    from kimi_eagle.loadtest.engines import EngineError, VllmReader
 
     reader = VllmReader(url, api_key=api_key)
     try:
@@ -106,7 +105,7 @@ def measure_on_running_server(url: str, prompts: list[str]) -> EngineProbe:
     """Acceptance on a server the user already runs (`--probe-url`); the key, if it wants one, from VLLM_API_KEY."""
     import os
 
-    from serve.command import API_KEY_ENV
+    from kimi_eagle.serve.command import API_KEY_ENV
 
     result = measure(url, None, prompts, api_key=os.environ.get(API_KEY_ENV))
     result.server = "given (--probe-url)"
@@ -115,9 +114,9 @@ def measure_on_running_server(url: str, prompts: list[str]) -> EngineProbe:
 
 def measure_with_started_server(draft: Path, target: Path, prompts: list[str], profile_name: str) -> EngineProbe:
     """Start vLLM for the pair with `profile_name` on a free loopback port, measure, and stop it (always)."""
-    from serve.command import CommandError, build_command
-    from serve.launch import ServerStartError, running_server
-    from serve.profile import ProfileError, load_profile
+    from kimi_eagle.serve.command import CommandError, build_command
+    from kimi_eagle.serve.launch import ServerStartError, running_server
+    from kimi_eagle.serve.profile import ProfileError, load_profile
 
     try:
         command = build_command(load_profile(profile_name), target=str(target), draft=str(draft),

@@ -10,14 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kimi_eagle.loadtest.engines import Acceptance, ServerConfig
+from kimi_eagle.loadtest.files import write_atomic, write_model
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.report import plot_acceptance, plot_latency_cdfs, save_figure
+from kimi_eagle.loadtest.results import load_records
+from kimi_eagle.loadtest.summary import RunSummary
 from pydantic import BaseModel, Field
-
-from loadtest.engines import Acceptance, ServerConfig
-from loadtest.files import write_atomic, write_model
-from loadtest.records import RequestRecord
-from loadtest.report import plot_acceptance, plot_latency_cdfs, save_figure
-from loadtest.results import load_records
-from loadtest.summary import RunSummary
 
 SIDES = ("A", "B")
 

@@ -7,16 +7,16 @@ import sys
 import time
 from pathlib import Path
 
+from kimi_eagle.loadtest import serve_bench
+from kimi_eagle.loadtest.engines import ENGINES, EngineError, get_engine
+from kimi_eagle.loadtest.prompts import PromptError, load_prompts, shipped_sets
+from kimi_eagle.loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
+from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, RunSummary
+from kimi_eagle.loadtest.workload import Workload
+from kimi_eagle.serve.profile import DEFAULT_PROFILE, load_profile
 from pydantic import ValidationError
 
 from kimi_eagle.processes import sigterm_as_keyboard_interrupt
-from loadtest import serve_bench
-from loadtest.engines import ENGINES, EngineError, get_engine
-from loadtest.prompts import PromptError, load_prompts, shipped_sets
-from loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
-from loadtest.summary import EXIT_INTERRUPTED, RunSummary
-from loadtest.workload import Workload
-from serve.profile import DEFAULT_PROFILE, load_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -196,9 +196,9 @@ def _run_loadtest(args: argparse.Namespace) -> int:
 
 
 def _write_sweep(out: Path, summaries: list[RunSummary], folders: list[str]) -> None:
-    from loadtest.files import write_atomic, write_model
-    from loadtest.report import plot_sweep, sweep_markdown
-    from loadtest.summary import SweepSummary
+    from kimi_eagle.loadtest.files import write_atomic, write_model
+    from kimi_eagle.loadtest.report import plot_sweep, sweep_markdown
+    from kimi_eagle.loadtest.summary import SweepSummary
 
     write_model(out / "summary.json", SweepSummary(points=summaries, folders=folders))
     plot_sweep(summaries, out / "throughput.png")
@@ -262,7 +262,7 @@ def _run_ab(args: argparse.Namespace) -> int:
 
 def _write_ab(args: argparse.Namespace, out: Path, rounds: dict[str, list[RunSummary]],
               folders: dict[str, list[str]]) -> None:
-    from loadtest.ab import AbSummary, SideRounds, fairness_checks, write_ab
+    from kimi_eagle.loadtest.ab import AbSummary, SideRounds, fairness_checks, write_ab
 
     summary = AbSummary(
         a=SideRounds(url=args.a or f"recorded: {args.a_result}", engine=args.a_engine, rounds=rounds["A"],

@@ -30,10 +30,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import requests
+from kimi_eagle.loadtest.records import RequestRecord, SpecRequestFigures
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
-
-from loadtest.records import RequestRecord, SpecRequestFigures
 
 
 class EngineError(RuntimeError):

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
+from kimi_eagle.loadtest.session import add_options, on_init
+from kimi_eagle.loadtest.user import OpenAIUser
 from locust import events
-
-from loadtest.session import add_options, on_init
-from loadtest.user import OpenAIUser
 
 __all__ = ["OpenAIUser"]  # Locust runs every User class found in this module
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from loadtest.engines import Acceptance, ServerConfig, ServerTiming
-from loadtest.records import RequestRecord
-from loadtest.summary import (
+from kimi_eagle.loadtest.engines import Acceptance, ServerConfig, ServerTiming
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.summary import (
     ClientOverhead,
     Goodput,
     LocustSettings,
@@ -17,7 +17,7 @@ from loadtest.summary import (
     TokenAccounting,
     distribution,
 )
-from loadtest.workload import Workload
+from kimi_eagle.loadtest.workload import Workload
 
 
 def _throughput(ok: list[RequestRecord], all_records: list[RequestRecord]) -> Throughput:

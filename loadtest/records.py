@@ -113,7 +113,7 @@ def spec_figures_from(payload: dict[str, Any]) -> SpecRequestFigures | None:
                                   num_draft_tokens=vllm.get("num_draft_tokens"),
                                   num_accepted_tokens=vllm.get("num_accepted_draft_tokens"),
                                   acceptance_histogram=vllm.get("acceptance_histogram"))
-    from loadtest.engines import sglang_request_figures
+    from kimi_eagle.loadtest.engines import sglang_request_figures
 
     return sglang_request_figures(payload)
 

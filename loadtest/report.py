@@ -10,10 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-
-from loadtest.files import write_atomic
-from loadtest.records import RequestRecord
-from loadtest.summary import Distribution, RunSummary
+from kimi_eagle.loadtest.files import write_atomic
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.summary import Distribution, RunSummary
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest import serve_bench
-from loadtest.engines import EngineReader, EngineSnapshot
-from loadtest.files import write_atomic, write_jsonl, write_model
-from loadtest.metrics import summarise
-from loadtest.records import RequestRecord
-from loadtest.report import plot_acceptance, plot_latency_cdfs, run_markdown
-from loadtest.summary import LocustSettings, RunSummary
-from loadtest.workload import Workload
+from kimi_eagle.loadtest import serve_bench
+from kimi_eagle.loadtest.engines import EngineReader, EngineSnapshot
+from kimi_eagle.loadtest.files import write_atomic, write_jsonl, write_model
+from kimi_eagle.loadtest.metrics import summarise
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.report import plot_acceptance, plot_latency_cdfs, run_markdown
+from kimi_eagle.loadtest.summary import LocustSettings, RunSummary
+from kimi_eagle.loadtest.workload import Workload
 
 FILES = {
     "summary.json": "the figures of this run (loadtest.summary.RunSummary)",

@@ -14,10 +14,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kimi_eagle.loadtest.results import load_summary
+from kimi_eagle.loadtest.summary import RunSummary
+from kimi_eagle.loadtest.workload import Workload
+
 from kimi_eagle.processes import free_port, interrupts_deferred
-from loadtest.results import load_summary
-from loadtest.summary import RunSummary
-from loadtest.workload import Workload
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 

@@ -23,11 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from loadtest.engines import Acceptance, ServerConfig
-from loadtest.records import RequestRecord
-from loadtest.summary import (
+from kimi_eagle.loadtest.engines import Acceptance, ServerConfig
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.summary import (
     ClientOverhead,
     Distribution,
     Goodput,
@@ -36,6 +34,7 @@ from loadtest.summary import (
     Throughput,
     TokenAccounting,
 )
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FILE_NAME = "vllm_bench_serve.json"
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -158,7 +157,7 @@ def from_batches(*, label: str, model: str, concurrency: int, seconds: float, re
 def write(path: Path, results: list[ServeBenchResult]) -> Path:
     """One JSON object a line, as `--save-result` (one run) and `--append-result` (several) write them: every field,
     null where unknown, but the speculative ones only where the server speculated (vLLM leaves them out then)."""
-    from loadtest.files import write_atomic
+    from kimi_eagle.loadtest.files import write_atomic
 
     lines = [json.dumps({k: v for k, v in r.model_dump().items() if v is not None or not k.startswith("spec_decode_")})
              for r in results]

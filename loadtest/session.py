@@ -20,6 +20,12 @@ from typing import Any
 
 import gevent
 import psutil
+from kimi_eagle.loadtest.engines import EngineError, EngineSnapshot, get_engine
+from kimi_eagle.loadtest.prompts import PromptError
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, LocustSettings
+from kimi_eagle.loadtest.user import STATE_KEY, RunState, run_state
+from kimi_eagle.loadtest.workload import Workload
 from locust.env import Environment
 from locust.runners import (
     STATE_INIT,
@@ -31,13 +37,6 @@ from locust.runners import (
     WorkerRunner,
 )
 from pydantic import ValidationError
-
-from loadtest.engines import EngineError, EngineSnapshot, get_engine
-from loadtest.prompts import PromptError
-from loadtest.records import RequestRecord
-from loadtest.summary import EXIT_INTERRUPTED, LocustSettings
-from loadtest.user import STATE_KEY, RunState, run_state
-from loadtest.workload import Workload
 
 logger = logging.getLogger(__name__)
 RECORDS_KEY = "kimi_records"
@@ -196,7 +195,7 @@ class Session:
             mode="distributed" if isinstance(runner, MasterRunner) else "local",
             workers=self.workers)
         if o.results_dir:
-            from loadtest.results import write_run
+            from kimi_eagle.loadtest.results import write_run
 
             summary = write_run(Path(o.results_dir), records=records, workload=self.state.workload,
                                 locust=settings, model=self.state.model, engine=self.engine, before=self.before,

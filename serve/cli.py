@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from serve.command import CommandError, build_command, validate_with_vllm
-from serve.launch import ServerStartError, serve_in_foreground
-from serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
+from kimi_eagle.serve.command import CommandError, build_command, validate_with_vllm
+from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
+from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,7 +50,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                 port=args.port, api_key=args.api_key, extra_args=extra)
     except (ProfileError, CommandError) as exc:
         return _fail(str(exc))
-    from serve.preflight import preflight
+    from kimi_eagle.serve.preflight import preflight
 
     # The files first: seconds, where vLLM's config classes take tens of seconds to import and build.
     if not preflight(command):
@@ -81,10 +81,10 @@ def add_fixtures_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_fixtures(args: argparse.Namespace) -> int:
-    from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+    from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 
     if args.rebuild:
-        from fixtures.build import rebuild
+        from kimi_eagle.fixtures.build import rebuild
 
         rebuild(args.work)
     if args.where or not args.rebuild:

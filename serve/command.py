@@ -13,13 +13,13 @@ from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serve.profile import Profile, resolve_model_path
-from serve.redact import redact_argv, redact_env, redact_text
+from kimi_eagle.serve.profile import Profile, resolve_model_path
+from kimi_eagle.serve.redact import redact_argv, redact_env, redact_text
 
 API_KEY_ENV = "VLLM_API_KEY"
 LOAD_FORMAT = "safetensors"  # never a pickle format: unpickling runs code from the file
-API_GUARD = "serve.api_guard.RequireApiKey"
-FIELD_GUARD = "serve.api_guard.RejectBadFields"
+API_GUARD = "kimi_eagle.serve.api_guard.RequireApiKey"
+FIELD_GUARD = "kimi_eagle.serve.api_guard.RejectBadFields"
 
 
 class CommandError(ValueError):
@@ -301,7 +301,7 @@ def write_config_stand_in(ref: str, folder: Path) -> None:
 
     The Kimi-K2.5 stand-in is the published text config in the tiny fixture's wrapper, whose tokenizer and vision
     config it borrows (vLLM's Kimi-K2.5 config needs a tokenizer; the real one is remote code)."""
-    from serve.sizing import KIMI_K25_EAGLE3_DRAFT_CONFIG, KIMI_K25_TEXT_CONFIG
+    from kimi_eagle.serve.sizing import KIMI_K25_EAGLE3_DRAFT_CONFIG, KIMI_K25_TEXT_CONFIG
 
     if ref in STAND_IN_DRAFTS:
         folder.mkdir(parents=True, exist_ok=True)
@@ -309,7 +309,7 @@ def write_config_stand_in(ref: str, folder: Path) -> None:
         return
     if ref not in STAND_IN_TARGETS:
         raise CommandError(f"no stand-in for {ref}: known are {', '.join(STAND_IN_TARGETS + STAND_IN_DRAFTS)}")
-    from fixtures.pair_spec import TARGET_DIR
+    from kimi_eagle.fixtures.pair_spec import TARGET_DIR
 
     borrowed = ("config.json", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
     if not all((TARGET_DIR / name).is_file() for name in borrowed):

@@ -6,8 +6,8 @@ import re
 import sys
 from pathlib import Path
 
-from serve.command import ServeCommand
-from serve.integrity import check_weight_folder
+from kimi_eagle.serve.command import ServeCommand
+from kimi_eagle.serve.integrity import check_weight_folder
 
 KV_CACHE_BYTES_FLAG = "--kv-cache-memory-bytes"
 GIB = 1 << 30
@@ -61,7 +61,7 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 def preflight(command: ServeCommand) -> bool:
     """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
-    from adapter.checks import Severity, refusal_message, run_static_checks
+    from kimi_eagle.adapter.checks import Severity, refusal_message, run_static_checks
 
     if not (weights_are_whole(command) and kv_cache_fits(command)):
         return False

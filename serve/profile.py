@@ -65,7 +65,7 @@ def resolve_model_path(ref: str) -> str:
     """`fixture:target` / `fixture:draft` -> the shipped tiny pair; anything else is used as given."""
     if not ref.startswith(FIXTURE_PREFIX):
         return ref
-    from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+    from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 
     paths = {"target": TARGET_DIR, "draft": DRAFT_DIR}
     which = ref.removeprefix(FIXTURE_PREFIX)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from serve.redact import redact_text, secrets_in
+from kimi_eagle.serve.redact import redact_text, secrets_in
 
 # `(Worker pid=12) ERROR 12-01 01:07:01 [file.py:10] message` (the level, date and time are fixed-width words).
 _ENGINE_ERROR = re.compile(r"^\((?P<process>[\w.-]+) pid=\d+\) ERROR \S+ \S+ \[[^\]]*\] ?(?P<message>.*)$")

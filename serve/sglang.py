@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serve.command import API_KEY_ENV, CommandError, ServeCommand, is_loopback
-from serve.profile import Profile, resolve_model_path
+from kimi_eagle.serve.command import API_KEY_ENV, CommandError, ServeCommand, is_loopback
+from kimi_eagle.serve.profile import Profile, resolve_model_path
 
 VIEW_MARKER = "kimi-eagle-view.json"
 VIEW_LAYOUT = 1

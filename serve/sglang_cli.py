@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serve.command import ServeCommand
-from serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
+from kimi_eagle.serve.command import ServeCommand
+from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
 
 SIZING_CONTEXTS = (8192, 32768, 131072, 262144)
 SIZING_CONCURRENCIES = (1, 8, 32, 64)
@@ -49,8 +49,8 @@ def _fail(message: str) -> int:
 
 
 def run_sglang_command(args: argparse.Namespace) -> int:
-    from serve.command import CommandError
-    from serve.sglang import ViewError, build_sglang_command
+    from kimi_eagle.serve.command import CommandError
+    from kimi_eagle.serve.sglang import ViewError, build_sglang_command
 
     if args.num_speculative_tokens is not None and args.num_speculative_tokens < 1:
         return _fail("--num-speculative-tokens must be at least 1")
@@ -72,7 +72,7 @@ def run_sglang_command(args: argparse.Namespace) -> int:
 
 
 def _launch(command: ServeCommand, ready_timeout: float) -> int:
-    from serve.launch import ServerStartError, serve_in_foreground
+    from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
 
     python = command.argv[0]
     if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode != 0:
@@ -108,7 +108,7 @@ def add_sizing_parser(sub: argparse._SubParsersAction) -> None:
 def run_sizing(args: argparse.Namespace) -> int:
     import json
 
-    from serve.sizing import GIB, DraftShape, SizingError, TargetShape, kimi_k25_shapes, size_deployment
+    from kimi_eagle.serve.sizing import GIB, DraftShape, SizingError, TargetShape, kimi_k25_shapes, size_deployment
 
     try:
         target, draft = kimi_k25_shapes()

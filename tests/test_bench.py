@@ -9,17 +9,17 @@ import time
 
 import psutil
 import pytest
+from kimi_eagle.bench.client import Sample
+from kimi_eagle.bench.plan import FULL, QUICK, BenchPlan
+from kimi_eagle.bench.report import markdown, profile_setting
+from kimi_eagle.bench.result import BenchResult, Machine, ThroughputPoint
+from kimi_eagle.bench.run import BenchError, ceiling_candidates, checks_overhead, load_prompts, summed_acceptance
+from kimi_eagle.bench.servers import ColdStart, RssSampler
+from kimi_eagle.bench.speedup_model import CostModel, fit_cost_model, recommend, step_cost, tokens_per_step
+from kimi_eagle.bench.stats import paired_ratios, spread
+from kimi_eagle.loadtest.engines import Acceptance
 
-from bench.client import Sample
-from bench.plan import FULL, QUICK, BenchPlan
-from bench.report import markdown, profile_setting
-from bench.result import BenchResult, Machine, ThroughputPoint
-from bench.run import BenchError, ceiling_candidates, checks_overhead, load_prompts, summed_acceptance
-from bench.servers import ColdStart, RssSampler
-from bench.speedup_model import CostModel, fit_cost_model, recommend, step_cost, tokens_per_step
-from bench.stats import paired_ratios, spread
 from kimi_eagle.cli import main
-from loadtest.engines import Acceptance
 
 PER_POSITION = [0.9, 0.8, 0.7, 0.5, 0.3]
 
@@ -173,7 +173,7 @@ def test_rss_sampler_sums_a_real_process_tree():
 
 
 def _result() -> BenchResult:
-    from bench.result import AcceptanceFigures
+    from kimi_eagle.bench.result import AcceptanceFigures
 
     def point(k: int, c: int, workload: str = "held-out") -> ThroughputPoint:
         return ThroughputPoint(workload=workload, num_speculative_tokens=k, concurrency=c, requests_per_sample=4,

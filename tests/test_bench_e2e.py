@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from bench.plan import QUICK
-from bench.result import BenchResult
-from fixtures.build_draft import HELDOUT_PROMPTS_FILE
-from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
-from loadtest import serve_bench
+from kimi_eagle.bench.plan import QUICK
+from kimi_eagle.bench.result import BenchResult
+from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.loadtest import serve_bench
 
 pytestmark = pytest.mark.e2e
 

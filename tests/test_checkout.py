@@ -39,3 +39,29 @@ def test_the_sglang_recordings_the_tests_read_are_in_the_checkout() -> None:
     assert RECORDINGS_DIR.is_relative_to(ROOT)
     index = RECORDINGS_DIR / "index.json"
     assert index in tracked_files(), "the recordings must be committed, not only present here"
+
+
+def test_everything_is_imported_under_the_one_installed_package() -> None:
+    """`pip install -e .` installs `kimi_eagle` alone (adapter/, serve/, ... are its subpackages): a bare `import serve`
+    works only from the checkout's root, where the tests run, and nowhere vLLM's processes do."""
+    import ast
+
+    parts = {"adapter", "serve", "loadtest", "doctor", "bench", "fixtures"}
+    bare = []
+    for path in tracked_files():
+        if path.suffix != ".py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            bare += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in parts]
+    assert not bare, "import these as kimi_eagle.<part>:\n" + "\n".join(bare)
+
+
+def test_the_installed_distribution_has_one_top_level_package_and_the_plugin_under_it() -> None:
+    from importlib.metadata import distribution
+
+    dist = distribution("kimi-eagle")
+    plugins = [e for e in dist.entry_points if e.group == "vllm.general_plugins"]
+    assert [e.value for e in plugins] == ["kimi_eagle.adapter.plugin:register"]
+    assert (dist.read_text("top_level.txt") or "").split() == ["kimi_eagle"]

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from kimi_eagle.adapter.checks import Finding, Severity, diagnose, refusal_message, run_static_checks
 
 import tests.broken_drafts as bd
-from adapter.checks import Finding, Severity, diagnose, refusal_message, run_static_checks
 
 R, W, I = Severity.REFUSAL, Severity.WARNING, Severity.INFO  # noqa: E741 - severity initials
 
@@ -136,7 +136,7 @@ def test_sglang_view_is_clean_for_sglang(built: Path) -> None:
 
 def test_the_served_sglang_view_is_clean_for_both_engines(tmp_path: Path) -> None:
     """The view `kimi-eagle` really writes for SGLang (serve/sglang.py), checked as SGLang and vLLM read it."""
-    from serve.sglang import make_draft_view
+    from kimi_eagle.serve.sglang import make_draft_view
 
     view = make_draft_view(str(bd.SOURCE_DRAFT), tmp_path / "view", target=str(bd.SOURCE_TARGET))
     diagnosis = diagnose(Path(view.path), bd.SOURCE_TARGET)

@@ -10,8 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from loadtest.engines import (
+from kimi_eagle.loadtest.engines import (
     ENGINES,
     EngineError,
     EngineSnapshot,
@@ -23,7 +22,7 @@ from loadtest.engines import (
     sglang_num_speculative_tokens,
     sglang_request_figures,
 )
-from loadtest.records import RequestRecord, SpecRequestFigures, StreamAccumulator
+from kimi_eagle.loadtest.records import RequestRecord, SpecRequestFigures, StreamAccumulator
 
 
 @pytest.fixture

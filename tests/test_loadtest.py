@@ -18,17 +18,17 @@ from typing import ClassVar
 
 import psutil
 import pytest
+from kimi_eagle.loadtest.engines import API_KEY_ENVS
+from kimi_eagle.loadtest.files import write_atomic
+from kimi_eagle.loadtest.metrics import summarise
+from kimi_eagle.loadtest.prompts import PromptError, load_prompts, shipped_sets
+from kimi_eagle.loadtest.records import RequestRecord, StreamAccumulator
+from kimi_eagle.loadtest.results import load_records, load_summary
+from kimi_eagle.loadtest.runner import LocustRun, run_locust
+from kimi_eagle.loadtest.summary import LocustSettings, RunSummary
+from kimi_eagle.loadtest.workload import Workload
 
 from kimi_eagle.processes import free_port
-from loadtest.engines import API_KEY_ENVS
-from loadtest.files import write_atomic
-from loadtest.metrics import summarise
-from loadtest.prompts import PromptError, load_prompts, shipped_sets
-from loadtest.records import RequestRecord, StreamAccumulator
-from loadtest.results import load_records, load_summary
-from loadtest.runner import LocustRun, run_locust
-from loadtest.summary import LocustSettings, RunSummary
-from loadtest.workload import Workload
 from tests.terminal import ctrl_c_as_in_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,9 +27,12 @@ def test_an_interrupt_while_starting_a_process_lands_after_the_start(sig: signal
         signal.signal(signal.SIGINT, inherited)
 
 
-def test_no_interrupt_means_nothing_is_raised() -> None:
+def test_no_interrupt_means_nothing_is_raised_and_the_handlers_are_put_back() -> None:
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with interrupts_deferred():
-        pass
+        inside = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert inside[0] is inside[1] and inside[0] not in before  # both deferred by one handler inside the block
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -37,8 +40,8 @@ def test_a_server_interrupted_while_starting_is_stopped_not_orphaned(sig: signal
     import subprocess
     import sys
 
-    from serve import launch
-    from serve.command import ServeCommand
+    from kimi_eagle.serve import launch
+    from kimi_eagle.serve.command import ServeCommand
 
     # A child in a session of its own, as vLLM runs: the signal reaches only us, so only we can stop it.
     command = ServeCommand(argv=[sys.executable, "-c", "import time; time.sleep(120)"], env={},

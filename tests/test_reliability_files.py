@@ -13,12 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
-from serve.command import build_command
-from serve.integrity import check_weight_folder
-from serve.preflight import preflight
-from serve.profile import load_profile
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.integrity import check_weight_folder
+from kimi_eagle.serve.preflight import preflight
+from kimi_eagle.serve.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = "model.safetensors"
@@ -117,7 +116,7 @@ def test_damaged_weights_are_refused_by_the_preflight(tmp_path: Path, case: str,
 @pytest.mark.parametrize("case", ["draft-truncated", "draft-dtype-edited"])
 def test_doctor_checks_report_a_damaged_draft_as_a_refusal(tmp_path: Path, case: str) -> None:
     """`kimi-eagle doctor` reads d2t/t2d and every weight: a damaged file is a finding, not a SafetensorError."""
-    from adapter.checks import Severity, run_static_checks
+    from kimi_eagle.adapter.checks import Severity, run_static_checks
 
     _, damage, _ = CASES[case]
     target, draft = copy_pair(tmp_path)

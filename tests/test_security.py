@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 import requests
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.serve.command import API_KEY_ENV, CommandError, build_command
+from kimi_eagle.serve.integrity import check_weight_folder
+from kimi_eagle.serve.launch import running_server
+from kimi_eagle.serve.profile import available_profiles, load_profile
+from kimi_eagle.serve.redact import REDACTED, redact_argv, redact_env, redact_text, secrets_in
 
-from fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.processes import free_port
-from serve.command import API_KEY_ENV, CommandError, build_command
-from serve.integrity import check_weight_folder
-from serve.launch import running_server
-from serve.profile import available_profiles, load_profile
-from serve.redact import REDACTED, redact_argv, redact_env, redact_text, secrets_in
 
 ROOT = Path(__file__).resolve().parents[1]
 KIMI_EAGLE = [sys.executable, "-m", "kimi_eagle.cli"]
@@ -96,20 +96,21 @@ def middleware(argv: list[str]) -> list[str]:
 
 
 def test_the_key_guard_covers_every_route_when_a_key_is_set() -> None:
-    assert "serve.api_guard.RequireApiKey" in middleware(tiny(api_key="k"))
-    assert "serve.api_guard.RequireApiKey" not in middleware(tiny())
+    assert "kimi_eagle.serve.api_guard.RequireApiKey" in middleware(tiny(api_key="k"))
+    assert "kimi_eagle.serve.api_guard.RequireApiKey" not in middleware(tiny())
 
 
 def test_unknown_request_fields_are_refused_with_or_without_a_key() -> None:
-    assert middleware(tiny()) == ["serve.api_guard.RejectBadFields"]
+    assert middleware(tiny()) == ["kimi_eagle.serve.api_guard.RejectBadFields"]
     # Starlette runs the middleware added last first: the key is checked before anything is said about the body.
-    assert middleware(tiny(api_key="k")) == ["serve.api_guard.RejectBadFields", "serve.api_guard.RequireApiKey"]
+    assert middleware(tiny(api_key="k")) == ["kimi_eagle.serve.api_guard.RejectBadFields",
+                                             "kimi_eagle.serve.api_guard.RequireApiKey"]
 
 
 def test_a_failed_start_shows_its_log_without_the_key(tmp_path: Path) -> None:
     """vLLM's log ends up in the ServerStartError message (terminals, CI logs): the key must not."""
-    from serve.command import ServeCommand
-    from serve.launch import ServerStartError, start, wait_healthy
+    from kimi_eagle.serve.command import ServeCommand
+    from kimi_eagle.serve.launch import ServerStartError, start, wait_healthy
 
     key = secrets.token_urlsafe(24)
     script = f"import os; print('engine args: api_key=' + os.environ['{API_KEY_ENV}']); raise SystemExit(3)"

@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import requests
+from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+from kimi_eagle.fixtures.train_target import distinct_bigram_ratio
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import chi2_contingency
 
-from fixtures.build_draft import HELDOUT_PROMPTS_FILE
-from fixtures.train_target import distinct_bigram_ratio
 from tests.conftest import Server
 
 pytestmark = pytest.mark.e2e
@@ -147,10 +147,10 @@ def test_low_temperature_acceptance_matches_greedy(spec_server: Server) -> None:
 
 def test_t1_acceptance_follows_target_probabilities(spec_server: Server) -> None:
     """At T=1 each position should be accepted at the rate the target's own probabilities predict."""
-    from fixtures.acceptance_model import predicted_acceptance
-    from fixtures.load import load_draft_model, load_target_model
-    from fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, HIDDEN, TARGET_DIR
-    from fixtures.tokenizer import load_tokenizer
+    from kimi_eagle.fixtures.acceptance_model import predicted_acceptance
+    from kimi_eagle.fixtures.load import load_draft_model, load_target_model
+    from kimi_eagle.fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, HIDDEN, TARGET_DIR
+    from kimi_eagle.fixtures.tokenizer import load_tokenizer
 
     prompts = HELDOUT[:8]
     before = spec_counters(spec_server)

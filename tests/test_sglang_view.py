@@ -11,11 +11,9 @@ import os
 from pathlib import Path
 
 import pytest
-
-from fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, DRAFT_VOCAB_SIZE, HIDDEN, TARGET_DIR
-from kimi_eagle.cli import main
-from serve.profile import PROFILES_DIR, load_profile
-from serve.sglang import (
+from kimi_eagle.fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, DRAFT_VOCAB_SIZE, HIDDEN, TARGET_DIR
+from kimi_eagle.serve.profile import PROFILES_DIR, load_profile
+from kimi_eagle.serve.sglang import (
     SGLANG_EAGLE3_ARCH,
     VIEW_MARKER,
     ViewError,
@@ -23,6 +21,8 @@ from serve.sglang import (
     default_view_dir,
     make_draft_view,
 )
+
+from kimi_eagle.cli import main
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -159,7 +159,7 @@ def test_kimi_profile_translates_the_recipe() -> None:
 
 
 def test_api_key_is_required_off_loopback_and_redacted() -> None:
-    from serve.command import CommandError
+    from kimi_eagle.serve.command import CommandError
 
     with pytest.raises(CommandError, match="API key"):
         build_sglang_command(load_profile("tiny-cpu"), no_draft=True, host="0.0.0.0")
@@ -186,7 +186,7 @@ def test_cli_refusal_is_one_clear_line(draft_copy: Path, tmp_path: Path, capsys:
 
 def test_doctor_finds_nothing_sglang_specific_in_the_view(tmp_path: Path) -> None:
     """The same draft straight from speculators gets `sglang-config-format`; the view must come out clean."""
-    from adapter.checks import run_static_checks
+    from kimi_eagle.adapter.checks import run_static_checks
 
     raw = {f.code for f in run_static_checks(DRAFT_DIR, TARGET_DIR) if f.engine == "sglang"}
     assert "sglang-config-format" in raw

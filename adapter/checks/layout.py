@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adapter.checks.checkpoint import Checkpoint
+from kimi_eagle.adapter.checks.checkpoint import Checkpoint
 
 LAYER_NAME = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")
 

@@ -6,14 +6,13 @@ import difflib
 from collections import defaultdict
 from pathlib import Path
 
+from kimi_eagle.adapter.checks import engines as eng
+from kimi_eagle.adapter.checks.checkpoint import Checkpoint, CheckpointError, TensorInfo, load_numpy, open_checkpoint
+from kimi_eagle.adapter.checks.findings import Finding, Severity
+from kimi_eagle.adapter.checks.layout import DraftConfigError, DraftSpec, TargetSpec, draft_spec, target_spec
+from kimi_eagle.adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
 from pydantic import BaseModel, Field
 from safetensors import SafetensorError
-
-from adapter.checks import engines as eng
-from adapter.checks.checkpoint import Checkpoint, CheckpointError, TensorInfo, load_numpy, open_checkpoint
-from adapter.checks.findings import Finding, Severity
-from adapter.checks.layout import DraftConfigError, DraftSpec, TargetSpec, draft_spec, target_spec
-from adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
 
 SHOWN = 6  # names listed per finding before "... and N more"
 

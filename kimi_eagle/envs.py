@@ -1,0 +1,53 @@
+"""Every `KIMI_EAGLE_*` environment variable, declared once with its default and meaning, as vLLM's `vllm/envs.py`
+does. Each is read when asked for, not at import: the plugin is imported in every vLLM process, some of them before
+the environment they will run with is final."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    meaning: str
+
+    def get(self) -> str:
+        return os.environ.get(self.name, self.default)
+
+
+RUNTIME_CHECKS = Knob("KIMI_EAGLE_RUNTIME_CHECKS", "1",
+                      "0 turns off the draft guards and the acceptance alarm inside vLLM (the CPU fixes stay); "
+                      "`make bench` measures what they cost with it")
+STATIC_CHECKS = Knob("KIMI_EAGLE_STATIC_CHECKS", "1",
+                     "0 skips only the static file checks at engine start (a draft that is not a local folder)")
+ALARM_WINDOW_DRAFTS = Knob("KIMI_EAGLE_ALARM_WINDOW_DRAFTS", "200",
+                           "drafts in the acceptance alarm's window")
+ALARM_MIN_RATE = Knob("KIMI_EAGLE_ALARM_MIN_RATE", "0.05",
+                      "accepted / drafted tokens over the window below which the alarm goes off")
+FAULT = Knob("KIMI_EAGLE_FAULT", "",
+             "fault injection for the guards' own tests: `aux-single-layer` makes the target capture one aux layer")
+
+KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, FAULT)
+
+
+def runtime_checks() -> bool:
+    return RUNTIME_CHECKS.get() != "0"
+
+
+def static_checks() -> bool:
+    return STATIC_CHECKS.get() != "0"
+
+
+def alarm_window_drafts() -> int:
+    return int(ALARM_WINDOW_DRAFTS.get())
+
+
+def alarm_min_rate() -> float:
+    return float(ALARM_MIN_RATE.get())
+
+
+def fault() -> str:
+    return FAULT.get()
