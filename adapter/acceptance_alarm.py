@@ -13,9 +13,8 @@ import logging
 import time
 from collections import deque
 
-from kimi_eagle.adapter import compat
-
 from kimi_eagle import envs
+from kimi_eagle.adapter import compat
 
 logger = logging.getLogger("vllm.kimi_eagle")
 

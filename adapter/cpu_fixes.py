@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import torch
+
 from kimi_eagle.adapter import compat
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format

@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 
 import torch
-from kimi_eagle.adapter import compat
 
 from kimi_eagle import envs
+from kimi_eagle.adapter import compat
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 

@@ -77,6 +77,8 @@ def _rewrite_report(path: Path) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from kimi_eagle.bench.client import BenchRequestError
     from kimi_eagle.bench.plan import FULL, QUICK
     from kimi_eagle.bench.report import markdown, profile_setting
@@ -87,7 +89,6 @@ def run_bench(args: argparse.Namespace) -> int:
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.launch import ServerStartError
     from kimi_eagle.serve.profile import ProfileError, load_profile
-    from rich.console import Console
 
     console = Console(stderr=True)
     if args.report:

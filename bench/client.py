@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import requests
-from kimi_eagle.loadtest.engines import Acceptance, get_engine
+
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.loadtest.engines import get_engine
 
 
 class BenchRequestError(RuntimeError):

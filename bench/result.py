@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, Field
+
 from kimi_eagle.bench.plan import BenchPlan
 from kimi_eagle.bench.servers import ColdStart
 from kimi_eagle.bench.speedup_model import Recommendation
 from kimi_eagle.bench.stats import Spread
-from pydantic import BaseModel, Field
 
 RESULT_SCHEMA = "kimi-eagle/bench/1"
 

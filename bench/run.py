@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from kimi_eagle import envs
+from kimi_eagle.acceptance import Acceptance
 from kimi_eagle.bench.client import BenchClient, Sample
 from kimi_eagle.bench.plan import BenchPlan
 from kimi_eagle.bench.result import (
@@ -37,13 +40,10 @@ from kimi_eagle.bench.servers import ColdStart, LiveServer, measured_server
 from kimi_eagle.bench.speedup_model import Recommendation, recommend
 from kimi_eagle.bench.stats import paired_ratios, spread
 from kimi_eagle.loadtest import serve_bench
-from kimi_eagle.loadtest.engines import Acceptance
 from kimi_eagle.loadtest.serve_bench import ServeBenchResult
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile
-
-from kimi_eagle import envs
-from kimi_eagle.processes import free_port
 
 
 class BenchError(RuntimeError):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import psutil
 import requests
+from pydantic import BaseModel, Field
+
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.launch import ServerStartError, started, wait_healthy
-from pydantic import BaseModel, Field
 
 
 class ColdStart(BaseModel):

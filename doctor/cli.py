@@ -54,9 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from kimi_eagle.adapter.checks import diagnose
     from kimi_eagle.doctor.report import exit_code, print_report
-    from rich.console import Console
 
     args.probe = args.probe or bool(args.probe_url or args.probe_profile or args.agreement_only)
     if args.agreement_only and (args.probe_url or args.probe_profile):

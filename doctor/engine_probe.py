@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from kimi_eagle.adapter.checks import Finding, Severity
-from kimi_eagle.doctor.probe import ProbeError
-from kimi_eagle.loadtest.engines import Acceptance
 from pydantic import BaseModel, Field
 from rich.table import Table
 
 from kimi_eagle import envs
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.adapter.checks import Finding, Severity
+from kimi_eagle.doctor.probe import ProbeError
 from kimi_eagle.processes import free_port, sigterm_as_keyboard_interrupt
 
 MAX_TOKENS = 64
@@ -71,6 +71,7 @@ def measure(url: str, model: str | None, prompts: list[str], *, api_key: str | N
             max_tokens: int = MAX_TOKENS) -> EngineProbe:
     """Send the prompts to the vLLM server at `url` (greedy) and read its acceptance counters around them."""
     import openai
+
     from kimi_eagle.loadtest.engines import EngineError, VllmReader
 
     reader = VllmReader(url, api_key=api_key)

@@ -14,10 +14,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from pydantic import BaseModel, Field
+
 from kimi_eagle.adapter.checks import Finding, Severity
 from kimi_eagle.adapter.checks.checkpoint import CheckpointError, open_checkpoint
 from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec, target_spec
-from pydantic import BaseModel, Field
 
 MAX_TARGET_PARAMS = 2_000_000_000  # a CPU probe in float32; the real Kimi-K2.5 is 1T
 CONTINUATION_TOKENS = 48
@@ -146,8 +147,9 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def load_draft(folder: Path, target):
     import torch
-    from kimi_eagle.fixtures.draft_model import Eagle3Draft
     from safetensors.torch import load_file
+
+    from kimi_eagle.fixtures.draft_model import Eagle3Draft
 
     checkpoint = open_checkpoint(folder)
     spec = draft_spec(checkpoint.config)
@@ -174,8 +176,9 @@ def load_draft(folder: Path, target):
 
 
 def prompt_tokens(target_dir: Path, prompts_file: Path | None) -> list[list[int]]:
-    from kimi_eagle.doctor.calibration import CalibrationError, calibration_prompts
     from tokenizers import Tokenizer
+
+    from kimi_eagle.doctor.calibration import CalibrationError, calibration_prompts
 
     try:
         prompts = calibration_prompts(prompts_file)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from kimi_eagle.adapter.checks import Diagnosis, Finding, Severity
-from kimi_eagle.adapter.checks.engines import ENGINE_LABELS
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from kimi_eagle.adapter.checks import Diagnosis, Finding, Severity
+from kimi_eagle.adapter.checks.engines import ENGINE_LABELS
 
 SEVERITY_STYLE = {Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.REFUSAL: "bold red"}
 STATUS_STYLE = {"loaded": "green", "consumed": "green", "ignored": "dim", "shared": "cyan",

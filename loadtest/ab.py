@@ -10,13 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kimi_eagle.loadtest.engines import Acceptance, ServerConfig
+from pydantic import BaseModel, Field
+
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.loadtest.engines import ServerConfig
 from kimi_eagle.loadtest.files import write_atomic, write_model
 from kimi_eagle.loadtest.records import RequestRecord
 from kimi_eagle.loadtest.report import plot_acceptance, plot_latency_cdfs, save_figure
 from kimi_eagle.loadtest.results import load_records
 from kimi_eagle.loadtest.summary import RunSummary
-from pydantic import BaseModel, Field
 
 SIDES = ("A", "B")
 

@@ -7,16 +7,16 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.engines import ENGINES, EngineError, get_engine
 from kimi_eagle.loadtest.prompts import PromptError, load_prompts, shipped_sets
 from kimi_eagle.loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
 from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, RunSummary
 from kimi_eagle.loadtest.workload import Workload
-from kimi_eagle.serve.profile import DEFAULT_PROFILE, load_profile
-from pydantic import ValidationError
-
 from kimi_eagle.processes import sigterm_as_keyboard_interrupt
+from kimi_eagle.serve.profile import DEFAULT_PROFILE, load_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,25 +1,5 @@
-"""Read an engine's own counters before and after a run, and turn them into one definition of acceptance.
-
-Definitions used everywhere in this project (vLLM's; SGLang's figures are converted to them):
-
-- mean acceptance length = tokens emitted per verify step of one request, bonus token included
-  = 1 + accepted draft tokens / verify steps. vLLM: 1 + `spec_decode_num_accepted_tokens` / `spec_decode_num_drafts`.
-- acceptance rate = accepted draft tokens / proposed draft tokens. vLLM: accepted / `spec_decode_num_draft_tokens`.
-- per-position rate i = verify steps whose draft token i was accepted / verify steps.
-
-SGLang (read in its source, 0.5.x; see docs in `describe_sources`):
-- per request (`return_spec_tokens_details: true` -> `sglext.spec_tokens_details`, or `meta_info` of /generate):
-  `spec_verify_ct` verify steps, `spec_num_correct_drafts` accepted drafts, `spec_num_proposed_drafts`;
-  `spec_accept_length` = completion_tokens / spec_verify_ct (counts the token from prefill too, so it is NOT
-  1 + accepted/steps), `spec_accept_rate` = correct drafts / (verify steps x (num_draft_tokens - 1)).
-  We use 1 + sum(correct) / sum(verify_ct) and sum(correct) / sum(proposed): vLLM's definitions.
-  Per-position rates come from the summed `spec_correct_drafts_histogram` (index j: steps with j accepted).
-- gauges `sglang:spec_accept_length` ((accepted + bonus) / verify steps) and `sglang:spec_accept_rate` hold the
-  last logging window only (`decode_log_interval` batches): not a run's delta. Reported as such, never compared.
-- `/get_server_info` `internal_states[0].avg_spec_accept_length`: the same ratio cumulative since boot.
-- counter `sglang:spec_verify_calls_total`, where the server has it: with `sglang:generation_tokens_total` gives
-  a run delta of tokens per verify step (it includes each request's first token from prefill).
-"""
+"""Read an engine's own counters (Prometheus `/metrics`, server info) before and after a run over HTTP, and turn them
+into acceptance figures under the one definition of `kimi_eagle.acceptance`."""
 
 from __future__ import annotations
 
@@ -27,12 +7,14 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import requests
-from kimi_eagle.loadtest.records import RequestRecord, SpecRequestFigures
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
+
+from kimi_eagle.acceptance import Acceptance, per_position_from_histograms, ratio
+from kimi_eagle.loadtest.records import RequestRecord
 
 
 class EngineError(RuntimeError):
@@ -80,23 +62,6 @@ class EngineSnapshot(BaseModel):
         return out
 
 
-class Acceptance(BaseModel):
-    """Acceptance over one run, in this project's one definition (module docstring)."""
-
-    speculation: Literal["on", "off", "unknown"] = Field(description="Whether the server speculates at all.")
-    source: str = Field(description="How the figures were derived, in words.")
-    num_verify_steps: int | None = Field(None, description="Verify steps (vLLM: drafts) during the run.")
-    num_draft_tokens: int | None = Field(None, description="Draft tokens proposed during the run.")
-    num_accepted_tokens: int | None = Field(None, description="Draft tokens accepted during the run.")
-    num_speculative_tokens: int | None = Field(None, description="k: draft tokens proposed per verify step.")
-    acceptance_rate: float | None = Field(None, description="Accepted / proposed draft tokens.")
-    mean_acceptance_length: float | None = Field(None, description="1 + accepted / verify steps.")
-    per_position_acceptance_rate: list[float] | None = Field(None, description="Index i: draft token i accepted.")
-    engine_reported: dict[str, float | None] = Field(
-        default_factory=dict, description="The engine's own figures as it reports them (other definitions or "
-                                          "windows; see `source`), kept for reference, never compared.")
-
-
 class ServerTiming(BaseModel):
     """The engine's own TTFT histogram over the run, to measure what the harness adds."""
 
@@ -128,12 +93,6 @@ def parse_metrics(text: str, keep: Callable[[str], bool]) -> list[Sample]:
             if keep(s.name):
                 out.append(Sample(name=s.name, labels=dict(s.labels), value=float(s.value)))
     return out
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or den is None or den <= 0:
-        return None
-    return num / den
 
 
 def _delta(before: EngineSnapshot, after: EngineSnapshot, name: str, **labels: str) -> float | None:
@@ -196,7 +155,7 @@ class EngineReader(ABC):
         p = self.metric_prefix
         count = _delta(before, after, f"{p}time_to_first_token_seconds_count")
         total = _delta(before, after, f"{p}time_to_first_token_seconds_sum")
-        mean = _ratio(total, count)
+        mean = ratio(total, count)
         return ServerTiming(requests=None if count is None else round(count),
                             mean_ttft_ms=None if mean is None else mean * 1000)
 
@@ -275,7 +234,7 @@ class VllmReader(EngineReader):
         if drafts:
             per_position = [(pos_after[p] - pos_before.get(p, 0.0)) / drafts
                             for p in sorted(pos_after, key=int)]
-        length = _ratio(accepted, drafts)
+        length = ratio(accepted, drafts)
         return Acceptance(
             speculation="on",
             source="vLLM Prometheus counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total and "
@@ -284,45 +243,9 @@ class VllmReader(EngineReader):
             num_draft_tokens=None if drafted is None else round(drafted),
             num_accepted_tokens=None if accepted is None else round(accepted),
             num_speculative_tokens=len(pos_after) or None,
-            acceptance_rate=_ratio(accepted, drafted),
+            acceptance_rate=ratio(accepted, drafted),
             mean_acceptance_length=None if length is None else 1 + length,
             per_position_acceptance_rate=per_position)
-
-
-def sglang_request_figures(payload: dict[str, Any]) -> SpecRequestFigures | None:
-    """SGLang's per-request figures from an OpenAI response (`sglext.spec_tokens_details`, at the top or in a
-    choice) or a /generate body (`meta_info`), converted to this project's definitions."""
-    candidates = [(payload.get("sglext") or {}).get("spec_tokens_details"), payload.get("meta_info")]
-    for choice in payload.get("choices") or []:
-        candidates.append((choice.get("sglext") or {}).get("spec_tokens_details"))
-    for details in candidates:
-        if not details or not details.get("spec_verify_ct"):
-            continue
-        steps = int(details["spec_verify_ct"])
-        correct = details.get("spec_num_correct_drafts")
-        proposed = details.get("spec_num_proposed_drafts")
-        return SpecRequestFigures(
-            source="sglang spec_tokens_details" if "spec_num_correct_drafts" in details else "sglang meta_info",
-            num_verify_steps=steps,
-            num_accepted_tokens=None if correct is None else int(correct),
-            num_draft_tokens=None if proposed is None else int(proposed),
-            mean_acceptance_length=None if correct is None else 1 + correct / steps,
-            acceptance_rate=_ratio(correct, proposed),
-            acceptance_histogram=details.get("spec_correct_drafts_histogram") or None)
-    return None
-
-
-def per_position_from_histograms(histograms: list[list[int]]) -> list[float] | None:
-    """Per-position acceptance from per-request histograms (index j: verify steps that accepted exactly j
-    drafts): draft position i was accepted in every step that accepted more than i drafts."""
-    if not histograms:
-        return None
-    width = max(len(h) for h in histograms)
-    total = [sum(h[j] if j < len(h) else 0 for h in histograms) for j in range(width)]
-    steps = sum(total)
-    if steps == 0 or width < 2:
-        return None
-    return [sum(total[i + 1:]) / steps for i in range(width - 1)]
 
 
 def sglang_num_speculative_tokens(server_info: dict[str, Any] | None) -> int | None:
@@ -399,12 +322,12 @@ class SglangReader(EngineReader):
                        "1 + sum(spec_num_correct_drafts) / sum(spec_verify_ct); rate = correct / proposed drafts; "
                        "per position from the summed spec_correct_drafts_histogram",
                 num_verify_steps=steps, num_accepted_tokens=correct, num_draft_tokens=proposed,
-                mean_acceptance_length=1 + correct / steps, acceptance_rate=_ratio(correct, proposed),
+                mean_acceptance_length=1 + correct / steps, acceptance_rate=ratio(correct, proposed),
                 per_position_acceptance_rate=per_position)
         verify = _delta(before, after, "sglang:spec_verify_calls_total")
         tokens = _delta(before, after, "sglang:generation_tokens_total")
         if verify:
-            length = _ratio(tokens, verify)
+            length = ratio(tokens, verify)
             return Acceptance(
                 speculation="on", engine_reported=reported, num_speculative_tokens=k,
                 source="SGLang counters: delta sglang:generation_tokens_total / delta sglang:spec_verify_calls_total "

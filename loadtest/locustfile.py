@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from locust import events
+
 from kimi_eagle.loadtest.session import add_options, on_init
 from kimi_eagle.loadtest.user import OpenAIUser
-from locust import events
 
 __all__ = ["OpenAIUser"]  # Locust runs every User class found in this module
 

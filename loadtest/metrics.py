@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kimi_eagle.loadtest.engines import Acceptance, ServerConfig, ServerTiming
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.loadtest.engines import ServerConfig, ServerTiming
 from kimi_eagle.loadtest.records import RequestRecord
 from kimi_eagle.loadtest.summary import (
     ClientOverhead,

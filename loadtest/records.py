@@ -13,20 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-
-class SpecRequestFigures(BaseModel):
-    """Per-request speculative-decoding figures returned by the engine (vLLM or SGLang), as given."""
-
-    source: str = Field(description="Which response field they came from.")
-    mean_acceptance_length: float | None = Field(None, description="Tokens per verify step, bonus included.")
-    acceptance_rate: float | None = Field(None, description="Accepted / proposed draft tokens, as the engine "
-                                                              "defines it (see engines.py).")
-    num_verify_steps: int | None = None
-    num_draft_tokens: int | None = None
-    num_accepted_tokens: int | None = None
-    acceptance_histogram: list[int] | None = Field(
-        None, description="Index j: verify steps that accepted exactly j draft tokens (vLLM acceptance_histogram, "
-                          "SGLang spec_correct_drafts_histogram).")
+from kimi_eagle.acceptance import SpecRequestFigures, spec_figures_from
 
 
 class RequestRecord(BaseModel):
@@ -98,24 +85,6 @@ def _logprob_count(choice: dict[str, Any]) -> int | None:
     if isinstance(logprobs.get("content"), list):  # chat API
         return len(logprobs["content"])
     return None
-
-
-def spec_figures_from(payload: dict[str, Any]) -> SpecRequestFigures | None:
-    """Find per-request acceptance figures in a response body or final chunk: vLLM's
-    `metrics.speculative_decoding` (--per-request-spec-decode-metrics) or SGLang's `sglext.spec_tokens_details`
-    / `meta_info` (return_spec_tokens_details)."""
-    vllm = (payload.get("metrics") or {}).get("speculative_decoding")
-    if vllm:
-        return SpecRequestFigures(source="vllm metrics.speculative_decoding",
-                                  mean_acceptance_length=vllm.get("mean_acceptance_length"),
-                                  acceptance_rate=vllm.get("draft_acceptance_rate"),
-                                  num_verify_steps=vllm.get("num_spec_steps"),
-                                  num_draft_tokens=vllm.get("num_draft_tokens"),
-                                  num_accepted_tokens=vllm.get("num_accepted_draft_tokens"),
-                                  acceptance_histogram=vllm.get("acceptance_histogram"))
-    from kimi_eagle.loadtest.engines import sglang_request_figures
-
-    return sglang_request_figures(payload)
 
 
 class StreamAccumulator:

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+
 from kimi_eagle.loadtest.files import write_atomic
 from kimi_eagle.loadtest.records import RequestRecord
 from kimi_eagle.loadtest.summary import Distribution, RunSummary

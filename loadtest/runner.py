@@ -17,7 +17,6 @@ from pathlib import Path
 from kimi_eagle.loadtest.results import load_summary
 from kimi_eagle.loadtest.summary import RunSummary
 from kimi_eagle.loadtest.workload import Workload
-
 from kimi_eagle.processes import free_port, interrupts_deferred
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"

@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from kimi_eagle.loadtest.engines import Acceptance, ServerConfig
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.loadtest.engines import ServerConfig
 from kimi_eagle.loadtest.records import RequestRecord
 from kimi_eagle.loadtest.summary import (
     ClientOverhead,
@@ -34,7 +37,6 @@ from kimi_eagle.loadtest.summary import (
     Throughput,
     TokenAccounting,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FILE_NAME = "vllm_bench_serve.json"
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

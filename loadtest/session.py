@@ -20,12 +20,6 @@ from typing import Any
 
 import gevent
 import psutil
-from kimi_eagle.loadtest.engines import EngineError, EngineSnapshot, get_engine
-from kimi_eagle.loadtest.prompts import PromptError
-from kimi_eagle.loadtest.records import RequestRecord
-from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, LocustSettings
-from kimi_eagle.loadtest.user import STATE_KEY, RunState, run_state
-from kimi_eagle.loadtest.workload import Workload
 from locust.env import Environment
 from locust.runners import (
     STATE_INIT,
@@ -37,6 +31,13 @@ from locust.runners import (
     WorkerRunner,
 )
 from pydantic import ValidationError
+
+from kimi_eagle.loadtest.engines import EngineError, EngineSnapshot, get_engine
+from kimi_eagle.loadtest.prompts import PromptError
+from kimi_eagle.loadtest.records import RequestRecord
+from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, LocustSettings
+from kimi_eagle.loadtest.user import STATE_KEY, RunState, run_state
+from kimi_eagle.loadtest.workload import Workload
 
 logger = logging.getLogger(__name__)
 RECORDS_KEY = "kimi_records"

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from kimi_eagle.loadtest.engines import Acceptance, ServerConfig
-from kimi_eagle.loadtest.workload import Workload
 from pydantic import BaseModel, Field
+
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.loadtest.engines import ServerConfig
+from kimi_eagle.loadtest.workload import Workload
 
 SUMMARY_SCHEMA = "kimi-eagle/loadtest-summary/1"
 EXIT_INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)

@@ -18,13 +18,15 @@ from typing import Any
 
 import gevent
 from gevent.pool import Pool
-from kimi_eagle.loadtest.engines import api_key_from_env, auth_headers, get_engine
-from kimi_eagle.loadtest.prompts import PromptLine, load_prompts
-from kimi_eagle.loadtest.records import RequestRecord, StreamAccumulator, spec_figures_from
-from kimi_eagle.loadtest.workload import Workload
 from locust import task
 from locust.contrib.fasthttp import FAILURE_EXCEPTIONS, FastHttpUser
 from locust.env import Environment
+
+from kimi_eagle.acceptance import spec_figures_from
+from kimi_eagle.loadtest.engines import api_key_from_env, auth_headers, get_engine
+from kimi_eagle.loadtest.prompts import PromptLine, load_prompts
+from kimi_eagle.loadtest.records import RequestRecord, StreamAccumulator
+from kimi_eagle.loadtest.workload import Workload
 
 # Open loop: at most this many requests in flight per user (and connections in its pool); arrivals beyond it
 # wait for a connection, which shows up as TTFT, as it would for a real client.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimi_eagle.loadtest.prompts import Api, PromptLine
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kimi_eagle.loadtest.prompts import Api, PromptLine
 
 
 class Workload(BaseModel):

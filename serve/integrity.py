@@ -10,17 +10,21 @@ holds only those is refused, since unpickling runs code from the file.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-INDEX_NAME = "model.safetensors.index.json"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-# Bytes per element of each safetensors dtype (the format's own table).
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-FLOAT_DTYPES = {"F8_E4M3", "F8_E5M2", "F16", "BF16", "F32", "F64"}
+from kimi_eagle.adapter.checks.checkpoint import (
+    DTYPE_BYTES,
+    FLOAT_DTYPES,
+    INDEX_NAME,
+    PICKLE_SUFFIXES,
+    CheckpointError,
+    read_raw_header,
+    shard_names,
+    tensor_entries,
+)
+
 # Integer tensors a float checkpoint may hold on purpose: the EAGLE-3 vocabulary maps.
 INTEGER_NAMES = ("d2t", "t2d")
 
@@ -36,35 +40,37 @@ class WeightFileProblem(BaseModel):
         return f"{self.path}: {self.problem}. Fix: {self.fix}"
 
 
+def _raw_header(path: Path) -> tuple[int, dict] | None:
+    try:
+        return read_raw_header(path)
+    except (CheckpointError, OSError):
+        return None
+
+
 def _expected_size(path: Path) -> tuple[int, int] | None:
     """(bytes the header says the file has, bytes it has), or None when the header itself is unreadable."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    except (struct.error, ValueError, KeyError, TypeError, IndexError, OverflowError, MemoryError):
+    read = _raw_header(path)
+    if read is None:
         return None
-    return 8 + length + max(ends, default=0), size
+    length, header = read
+    try:
+        ends = [entry["data_offsets"][1] for entry in tensor_entries(header).values()]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return 8 + length + max(ends, default=0), path.stat().st_size
 
 
 def _header_end(path: Path) -> int | None:
     with open(path, "rb") as f:
         prefix = f.read(8)
-    return 8 + struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+    return 8 + int.from_bytes(prefix, "little") if len(prefix) == 8 else None
 
 
 def _mislabelled_tensor(path: Path) -> str | None:
     """The first tensor whose byte span does not match its dtype and shape (a changed dtype in the header)."""
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-    except (struct.error, ValueError, OverflowError, MemoryError):
-        return None
-    for name, entry in header.items():
-        if name == "__metadata__" or not isinstance(entry, dict):
+    read = _raw_header(path)
+    for name, entry in tensor_entries(read[1]).items() if read else []:
+        if not isinstance(entry, dict):
             continue
         numel = 1
         for dim in entry.get("shape", []):
@@ -115,11 +121,8 @@ def _integer_weights(path: Path, config: dict) -> WeightFileProblem | None:
     """A float model whose weight is stored as an integer type: the engine would cast it into garbage."""
     if config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config"):
         return None  # quantized checkpoints hold packed integers on purpose
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    for name, entry in header.items():
-        if name == "__metadata__" or name.rsplit(".", 1)[-1] in INTEGER_NAMES:
+    for name, entry in tensor_entries(read_raw_header(path)[1]).items():
+        if name.rsplit(".", 1)[-1] in INTEGER_NAMES:
             continue
         if name.endswith((".weight", ".bias")) and entry["dtype"] not in FLOAT_DTYPES:
             return WeightFileProblem(path=str(path), problem=(
@@ -133,9 +136,9 @@ def _weight_files(folder: Path) -> tuple[list[Path], list[WeightFileProblem]]:
     if not index.is_file():
         return sorted(folder.glob("*.safetensors")), []
     try:
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return [], [WeightFileProblem(path=str(index), problem=f"no usable weight_map ({exc})",
+        names = shard_names(index)
+    except CheckpointError as exc:
+        return [], [WeightFileProblem(path=str(index), problem=str(exc).removeprefix(f"{index} has "),
                                       fix="copy or download the index file again")]
     missing = [n for n in names if not (folder / n).is_file()]
     problems = [WeightFileProblem(path=str(index), problem=f"names {len(missing)} shard(s) that are missing, e.g. "

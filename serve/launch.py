@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TextIO
 
 import requests
-from kimi_eagle.serve.command import ServeCommand
-from kimi_eagle.serve.server_log import describe_failure
 
 from kimi_eagle.processes import interrupts_deferred, sigterm_as_keyboard_interrupt
+from kimi_eagle.serve.command import ServeCommand
+from kimi_eagle.serve.server_log import describe_failure
 
 
 class ServerStartError(RuntimeError):

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, DRAFT_LAYER_CONFIG, DRAFT_VOCAB_SIZE, HIDDEN, TARGET_DIR
 from safetensors.torch import load_file, save_file
+
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, DRAFT_LAYER_CONFIG, DRAFT_VOCAB_SIZE, HIDDEN, TARGET_DIR
 
 SOURCE_DRAFT = DRAFT_DIR
 SOURCE_TARGET = TARGET_DIR

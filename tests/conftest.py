@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
-
-from kimi_eagle.processes import free_port
 
 # Real responses of a real SGLang 0.5.23 server (its README says how they were recorded), carried by the project.
 RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"

@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from kimi_eagle.acceptance import Acceptance
 from kimi_eagle.loadtest.ab import FIGURES, AbSummary, compare, fairness_checks
-from kimi_eagle.loadtest.engines import Acceptance, ServerConfig
+from kimi_eagle.loadtest.engines import ServerConfig
 from kimi_eagle.loadtest.metrics import summarise
 from kimi_eagle.loadtest.records import RequestRecord
 from kimi_eagle.loadtest.results import load_summary
 from kimi_eagle.loadtest.summary import LocustSettings, RunSummary
 from kimi_eagle.loadtest.workload import Workload
-
 from tests.test_loadtest import StandIn
 
 REPO = Path(__file__).resolve().parents[1]

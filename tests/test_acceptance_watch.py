@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
 from kimi_eagle.adapter import acceptance_alarm
 from kimi_eagle.adapter.acceptance_alarm import AcceptanceWatch
-from prometheus_client import CollectorRegistry, Gauge
 
 K = 3
 

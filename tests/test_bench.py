@@ -9,6 +9,8 @@ import time
 
 import psutil
 import pytest
+
+from kimi_eagle.acceptance import Acceptance
 from kimi_eagle.bench.client import Sample
 from kimi_eagle.bench.plan import FULL, QUICK, BenchPlan
 from kimi_eagle.bench.report import markdown, profile_setting
@@ -17,8 +19,6 @@ from kimi_eagle.bench.run import BenchError, ceiling_candidates, checks_overhead
 from kimi_eagle.bench.servers import ColdStart, RssSampler
 from kimi_eagle.bench.speedup_model import CostModel, fit_cost_model, recommend, step_cost, tokens_per_step
 from kimi_eagle.bench.stats import paired_ratios, spread
-from kimi_eagle.loadtest.engines import Acceptance
-
 from kimi_eagle.cli import main
 
 PER_POSITION = [0.9, 0.8, 0.7, 0.5, 0.3]

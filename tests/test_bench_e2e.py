@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kimi_eagle.bench.plan import QUICK
 from kimi_eagle.bench.result import BenchResult
 from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE

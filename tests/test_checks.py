@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from kimi_eagle.adapter.checks import Finding, Severity, diagnose, refusal_message, run_static_checks
 
 import tests.broken_drafts as bd
+from kimi_eagle.adapter.checks import Finding, Severity, diagnose, refusal_message, run_static_checks
 
 R, W, I = Severity.REFUSAL, Severity.WARNING, Severity.INFO  # noqa: E741 - severity initials
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from kimi_eagle.serve.command import ServeCommand
-from kimi_eagle.serve.preflight import preflight
 
 import tests.broken_drafts as bd
 from kimi_eagle.cli import main
+from kimi_eagle.serve.command import ServeCommand
+from kimi_eagle.serve.preflight import preflight
 
 
 @pytest.fixture(scope="module")

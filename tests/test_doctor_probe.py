@@ -16,15 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from kimi_eagle.adapter.checks import Severity
-from kimi_eagle.doctor.calibration import CALIBRATION_PROMPTS
-from kimi_eagle.doctor.engine_probe import MAX_TOKENS, EngineProbe, acceptance_table
-from kimi_eagle.doctor.probe import ProbeError, probe_aux_ids
-from kimi_eagle.loadtest.engines import Acceptance
 from rich.console import Console
 
 import tests.broken_drafts as bd
+from kimi_eagle.acceptance import Acceptance
+from kimi_eagle.adapter.checks import Severity
 from kimi_eagle.cli import main
+from kimi_eagle.doctor.calibration import CALIBRATION_PROMPTS
+from kimi_eagle.doctor.engine_probe import MAX_TOKENS, EngineProbe, acceptance_table
+from kimi_eagle.doctor.probe import ProbeError, probe_aux_ids
 from kimi_eagle.processes import free_port
 from tests.conftest import Server
 from tests.terminal import ctrl_c_as_in_a_terminal

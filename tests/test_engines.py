@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from kimi_eagle.acceptance import SpecRequestFigures, sglang_request_figures
 from kimi_eagle.loadtest.engines import (
     ENGINES,
     EngineError,
@@ -20,9 +22,8 @@ from kimi_eagle.loadtest.engines import (
     get_engine,
     parse_metrics,
     sglang_num_speculative_tokens,
-    sglang_request_figures,
 )
-from kimi_eagle.loadtest.records import RequestRecord, SpecRequestFigures, StreamAccumulator
+from kimi_eagle.loadtest.records import RequestRecord, StreamAccumulator
 
 
 @pytest.fixture

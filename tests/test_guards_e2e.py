@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import requests
-from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
-from kimi_eagle.serve.command import build_command
-from kimi_eagle.serve.launch import ServerStartError, running_server
-from kimi_eagle.serve.profile import load_profile
 from openai import OpenAI
 from safetensors.torch import load_file, save_file
 
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
 from kimi_eagle.processes import free_port
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.launch import ServerStartError, running_server
+from kimi_eagle.serve.profile import load_profile
 from tests.conftest import Server
 
 pytestmark = pytest.mark.e2e
@@ -67,6 +67,7 @@ def collapsed_gauge(url: str) -> float | None:
 
 def test_random_draft_raises_the_acceptance_alarm(tmp_path: Path) -> None:
     import torch
+
     from kimi_eagle.fixtures.export import write_draft
     from kimi_eagle.fixtures.load import load_draft_model, load_target_model
     from kimi_eagle.fixtures.pair_spec import HIDDEN, TARGET_DIR

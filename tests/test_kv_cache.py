@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import ServerStartError, running_server
 from kimi_eagle.serve.preflight import KV_CACHE_BYTES_FLAG, flag_value, kv_cache_fits
 from kimi_eagle.serve.profile import load_profile
 from kimi_eagle.serve.server_log import describe_failure, root_cause
 from kimi_eagle.serve.sizing import DraftShape, TargetShape, size_deployment
-
-from kimi_eagle.processes import free_port
 
 FP32_BYTES = 4
 RECORDED_FAILURE = Path(__file__).parent / "data" / "vllm-0.32-cpu-start-failure.log"

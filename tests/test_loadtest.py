@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import psutil
 import pytest
+
 from kimi_eagle.loadtest.engines import API_KEY_ENVS
 from kimi_eagle.loadtest.files import write_atomic
 from kimi_eagle.loadtest.metrics import summarise
@@ -27,7 +28,6 @@ from kimi_eagle.loadtest.results import load_records, load_summary
 from kimi_eagle.loadtest.runner import LocustRun, run_locust
 from kimi_eagle.loadtest.summary import LocustSettings, RunSummary
 from kimi_eagle.loadtest.workload import Workload
-
 from kimi_eagle.processes import free_port
 from tests.terminal import ctrl_c_as_in_a_terminal
 

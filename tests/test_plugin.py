@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import ServerStartError, running_server
 from kimi_eagle.serve.profile import load_profile
-
-from kimi_eagle.processes import free_port
 
 
 def test_plugin_is_a_vllm_general_plugin() -> None:
@@ -38,6 +38,7 @@ def _expand_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_upstream_cpu_expand_still_loses_its_output() -> None:
     """Why the patch exists. If this starts failing, upstream fixed issue 55005: drop `enable_correct_expand`."""
     import vllm._C  # noqa: F401 - registers torch.ops._C
+
     from kimi_eagle.adapter.cpu_fixes import upstream_expand_kernel
 
     upstream = upstream_expand_kernel()
@@ -67,9 +68,10 @@ def test_upstream_cpu_mla_still_sends_verification_to_its_prefill_path() -> None
 
 
 def test_plugin_points_cpu_mla_at_the_spec_decode_backend() -> None:
-    from kimi_eagle.adapter import plugin
     from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from kimi_eagle.adapter import plugin
 
     plugin.register()
     backend = AttentionBackendEnum.CPU_MLA.get_class()
@@ -86,8 +88,9 @@ def _causal_reference(q: torch.Tensor, cache: torch.Tensor, blocks: list[int], e
 def test_cpu_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_len: int) -> None:
     """vLLM's own CPU kernel, fed one row per query token: row t of a request attends the context and block
     tokens 0..t, exactly what the prefill path computed for verification."""
-    from kimi_eagle.adapter.cpu_mla_spec_decode import decode_rows
     from vllm import _custom_ops as ops
+
+    from kimi_eagle.adapter.cpu_mla_spec_decode import decode_rows
 
     torch.manual_seed(0)
     heads, cache = 4, torch.randn(12, 16, 576)  # 12 blocks of 16 latent (512) + rope (64) entries
@@ -140,8 +143,9 @@ def _draft_head(target_hidden: int, draft_hidden: int, num_aux: int) -> torch.nn
 
 
 def test_first_step_check_runs_once_then_leaves_vllms_method_in_place() -> None:
-    from kimi_eagle.adapter.draft_guard import check_first_step_width
     from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    from kimi_eagle.adapter.draft_guard import check_first_step_width
 
     ids, hidden = (2, 4, 6), 256
     draft = _draft_head(hidden, hidden, len(ids))

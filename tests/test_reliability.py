@@ -17,10 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from kimi_eagle.serve.command import build_command
-from kimi_eagle.serve.profile import load_profile
 from prometheus_client.parser import text_string_to_metric_families
 
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.profile import load_profile
 from tests.conftest import Server
 
 REFERENCE_PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.integrity import check_weight_folder

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from kimi_eagle.loadtest.results import load_records, load_summary
 from kimi_eagle.serve.command import ServeCommand, build_command
 from kimi_eagle.serve.launch import start, stop, wait_healthy
 from kimi_eagle.serve.profile import load_profile
-
 from tests.conftest import Server
 from tests.test_reliability import greedy_ids, server_processes, wait_idle
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kimi_eagle.loadtest.results import load_records, load_summary
 
+from kimi_eagle.loadtest.results import load_records, load_summary
 from tests.conftest import Server
 from tests.test_reliability import engine_gauges, greedy_ids, server_rss_bytes, wait_idle
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 import requests
+
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import API_KEY_ENV, CommandError, build_command
 from kimi_eagle.serve.integrity import check_weight_folder
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import available_profiles, load_profile
 from kimi_eagle.serve.redact import REDACTED, redact_argv, redact_env, redact_text, secrets_in
-
-from kimi_eagle.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 KIMI_EAGLE = [sys.executable, "-m", "kimi_eagle.cli"]

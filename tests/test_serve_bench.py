@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kimi_eagle.fixtures.pair_spec import TARGET_DIR
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.serve_bench import ServeBenchError, ServeBenchResult
-
 from tests.conftest import Server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,11 +12,11 @@ import time
 
 import psutil
 import pytest
+
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import load_profile
-
-from kimi_eagle.processes import free_port
 from tests.terminal import ctrl_c_as_in_a_terminal
 
 CLI = [sys.executable, "-m", "kimi_eagle.cli"]

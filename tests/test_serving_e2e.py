@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import requests
-from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
-from kimi_eagle.fixtures.train_target import distinct_bigram_ratio
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import chi2_contingency
 
+from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+from kimi_eagle.fixtures.train_target import distinct_bigram_ratio
 from tests.conftest import Server
 
 pytestmark = pytest.mark.e2e

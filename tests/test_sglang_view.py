@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+from kimi_eagle.cli import main
 from kimi_eagle.fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, DRAFT_VOCAB_SIZE, HIDDEN, TARGET_DIR
 from kimi_eagle.serve.profile import PROFILES_DIR, load_profile
 from kimi_eagle.serve.sglang import (
@@ -21,8 +23,6 @@ from kimi_eagle.serve.sglang import (
     default_view_dir,
     make_draft_view,
 )
-
-from kimi_eagle.cli import main
 
 
 def _snapshot(folder: Path) -> dict[str, str]:

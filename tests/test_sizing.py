@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from kimi_eagle.cli import main
 from kimi_eagle.fixtures.export import speculators_config
 from kimi_eagle.serve.sizing import (
     GIB,
@@ -12,8 +14,6 @@ from kimi_eagle.serve.sizing import (
     kimi_k25_shapes,
     size_deployment,
 )
-
-from kimi_eagle.cli import main
 
 # Kimi-K2.5: hidden 7168, 61 layers (1 dense + 60 MoE), 64 heads, vocab 163840, MLA q_lora 1536, kv_lora 512,
 # qk_nope 128, qk_rope 64, v_head 128, 384 routed experts of 2048 + 1 shared, dense MLP 18432.

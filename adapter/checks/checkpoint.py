@@ -10,9 +10,16 @@ import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit
+# Weight files that are pickles: never loaded here (unpickling runs code from the file), only named.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Bytes per element of each safetensors dtype (the format's own table).
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+FLOAT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F16", "BF16", "F32", "F64"})
 
 
 class CheckpointError(ValueError):
@@ -48,8 +55,9 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def read_header(path: Path) -> dict[str, TensorInfo]:
-    """The tensor table of one .safetensors file, read from its header only."""
+def read_raw_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """(the header's length in bytes, the header as JSON: name -> dtype, shape, data_offsets, and `__metadata__`)
+    of one .safetensors file, read from its first bytes only."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
@@ -62,18 +70,35 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
-    header.pop("__metadata__", None)
-    return {name: TensorInfo(name, tuple(entry["shape"]), entry["dtype"], path) for name, entry in header.items()}
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is not a JSON object")
+    return length, header
+
+
+def tensor_entries(header: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The tensors of a raw header, without its `__metadata__`."""
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """The tensor table of one .safetensors file, read from its header only."""
+    _, header = read_raw_header(path)
+    return {name: TensorInfo(name, tuple(entry["shape"]), entry["dtype"], path)
+            for name, entry in tensor_entries(header).items()}
+
+
+def shard_names(index: Path) -> list[str]:
+    """The shard files an index's weight map names, each once."""
+    try:
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index} has no usable weight_map ({exc})") from None
 
 
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / INDEX_NAME
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} has no usable weight_map ({exc})") from None
-        files = sorted({folder / name for name in weight_map.values()})
+        files = [folder / name for name in shard_names(index)]
         missing = [p.name for p in files if not p.is_file()]
         if missing:
             raise CheckpointError(f"{index} names {len(missing)} missing shard(s), e.g. {missing[0]}: "
@@ -89,7 +114,7 @@ def open_checkpoint(folder: Path) -> Checkpoint:
     checkpoint = Checkpoint(folder=folder, config=read_config(folder))
     for path in safetensors_files(folder):
         checkpoint.tensors.update(read_header(path))
-    checkpoint.other_weight_files = sorted(p for ext in ("*.bin", "*.pt", "*.pth") for p in folder.glob(ext))
+    checkpoint.other_weight_files = sorted(p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     return checkpoint
 
 

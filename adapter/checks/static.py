@@ -6,13 +6,14 @@ import difflib
 from collections import defaultdict
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+from safetensors import SafetensorError
+
 from kimi_eagle.adapter.checks import engines as eng
 from kimi_eagle.adapter.checks.checkpoint import Checkpoint, CheckpointError, TensorInfo, load_numpy, open_checkpoint
 from kimi_eagle.adapter.checks.findings import Finding, Severity
 from kimi_eagle.adapter.checks.layout import DraftConfigError, DraftSpec, TargetSpec, draft_spec, target_spec
 from kimi_eagle.adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
-from pydantic import BaseModel, Field
-from safetensors import SafetensorError
 
 SHOWN = 6  # names listed per finding before "... and N more"
 

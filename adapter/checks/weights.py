@@ -14,10 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_torch
-from kimi_eagle.adapter.checks.findings import Finding, Severity
 from pydantic import BaseModel, Field
 from safetensors import SafetensorError
+
+from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_torch
+from kimi_eagle.adapter.checks.findings import Finding, Severity
 
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
 TRAINABLE_MATRIX = re.compile(r"^(?:model\.)?(?:fc|(?:layers\.\d+|midlayer)\.(?:self_attn|mlp)\.\w+_proj)\.weight$")
