@@ -1,6 +1,6 @@
 """`doctor --probe`: run the target on calibration prompts, capture every layer's hidden state, and measure how
 often the draft's first proposal (step 0) equals the target's next token with the configured aux layer ids and
-with alternatives. The draft runs as `fixtures.draft_model.Eagle3Draft`, which computes what vLLM computes.
+with alternatives. The draft runs as `kimi_eagle.draft_model.Eagle3Draft`, which computes what vLLM computes.
 
 For models that fit on this machine (the target runs in transformers, float32): the tiny Kimi-K2.5 pair.
 The other half of `--probe`, offline acceptance through the real engine, is `doctor/engine_probe.py`.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Literal
 
@@ -24,7 +23,6 @@ MAX_TARGET_PARAMS = 2_000_000_000  # a CPU probe in float32; the real Kimi-K2.5 
 CONTINUATION_TOKENS = 48
 PROMPT_TOKENS = 32  # prompts are cut to the shortest one's length, at most this
 NO_AGREEMENT = 0.05  # below this for every set of ids the draft predicts nothing (a random draft scores ~1/vocab)
-EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 class ProbeError(RuntimeError):
@@ -79,50 +77,14 @@ def judge(variants: list[ProbeVariant], positions: int) -> str:
     return "other ids fit better" if best.agreement - mine.agreement > 2 * spread else "configured ids fit best"
 
 
-def _target_state(folder: Path) -> dict:
-    """The language model's tensors under transformers' DeepseekV3 names (experts fused as transformers 5 keeps
-    them: gate_up_proj [E, 2I, H] with the gate half first, down_proj [E, H, I])."""
-    import torch
-    from safetensors import safe_open
-
-    checkpoint = open_checkpoint(folder)
-    state: dict[str, torch.Tensor] = {}
-    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
-    for info in checkpoint.tensors.values():
-        name = info.name.removeprefix("language_model.")
-        if not name.startswith(("model.", "lm_head.")):
-            continue  # vision tower, projector
-        with safe_open(str(info.file), framework="pt") as f:
-            tensor = f.get_tensor(info.name).to(torch.float32)
-        if m := EXPERT.match(name):
-            experts.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = tensor
-        else:
-            state[name] = tensor
-    for prefix in {p for p, _ in experts}:
-        gates, ups, downs = (experts[(prefix, k)] for k in ("gate_proj", "up_proj", "down_proj"))
-        state[prefix + "gate_up_proj"] = torch.stack([torch.cat([gates[e], ups[e]]) for e in sorted(gates)])
-        state[prefix + "down_proj"] = torch.stack([downs[e] for e in sorted(downs)])
-    return state
-
-
 def load_target(folder: Path):
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from kimi_eagle.torch_pair import PairLoadError, load_target_model
 
-    checkpoint = open_checkpoint(folder)
-    text = checkpoint.config.get("text_config") or checkpoint.config
-    if text.get("model_type") != "deepseek_v3":
-        raise ProbeError(f"the probe runs DeepSeek-V3-family targets (Kimi-K2.5); this one is "
-                         f"{text.get('model_type')!r}")
     check_runnable_here(folder)
-    config = DeepseekV3Config(**{k: v for k, v in text.items() if k not in ("model_type", "architectures", "dtype")})
-    model = DeepseekV3ForCausalLM(config).to(torch.float32)
-    missing, unexpected = model.load_state_dict(_target_state(folder), strict=False)
-    missing = [k for k in missing if "rotary" not in k]
-    if missing or unexpected:
-        raise ProbeError(f"the target's tensors do not fit DeepseekV3ForCausalLM: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}")
-    return model.eval()
+    try:
+        return load_target_model(folder)
+    except PairLoadError as exc:
+        raise ProbeError(f"the probe cannot run this target: {exc}") from None
 
 
 def check_runnable_here(folder: Path) -> None:
@@ -146,33 +108,12 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def load_draft(folder: Path, target):
-    import torch
-    from safetensors.torch import load_file
+    from kimi_eagle.torch_pair import PairLoadError, load_draft_model
 
-    from kimi_eagle.fixtures.draft_model import Eagle3Draft
-
-    checkpoint = open_checkpoint(folder)
-    spec = draft_spec(checkpoint.config)
-    layer = checkpoint.config.get("transformer_layer_config") or checkpoint.config
-    state = {}
-    for file in {i.file for i in checkpoint.tensors.values()}:
-        state.update({k.replace("midlayer.", "layers.0."): v.to(torch.float32) for k, v in load_file(file).items()})
-    fc = state.get("fc.weight")
-    if fc is None or fc.shape[1] % spec.target_hidden_size:
-        raise ProbeError("the draft has no usable fc.weight: fix what `kimi-eagle doctor` refuses first")
-    draft = Eagle3Draft(layer, fc.shape[1] // spec.target_hidden_size, spec.target_hidden_size,
-                        spec.draft_vocab_size)
-    if "embed_tokens.weight" not in state:
-        state["embed_tokens.weight"] = target.model.embed_tokens.weight.detach().clone()
-    if "d2t" not in state:
-        state["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
-        state["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
     try:
-        draft.load_state_dict(state)
-    except RuntimeError as exc:
-        raise ProbeError(f"the draft's tensors do not fit its config ({str(exc).splitlines()[0]}): "
-                         "fix what `kimi-eagle doctor` refuses first") from None
-    return draft.eval(), fc.shape[1] // spec.target_hidden_size
+        return load_draft_model(folder, target)
+    except PairLoadError as exc:
+        raise ProbeError(str(exc)) from None
 
 
 def prompt_tokens(target_dir: Path, prompts_file: Path | None) -> list[list[int]]:

@@ -227,7 +227,7 @@ def mixed_dtypes(config: dict, t: Tensors) -> None:
 def fresh_init(config: dict, t: Tensors) -> None:
     """The same shapes straight from PyTorch's default nn.Linear init (what speculators starts from), with the
     embeddings, head and vocabulary maps kept from the trained draft, as speculators copies them in."""
-    from kimi_eagle.fixtures.draft_model import Eagle3Draft
+    from kimi_eagle.draft_model import Eagle3Draft
 
     torch.manual_seed(1234)
     fresh = Eagle3Draft(DRAFT_LAYER_CONFIG, len(config["eagle_aux_hidden_state_layer_ids"]), HIDDEN,

@@ -69,13 +69,14 @@ def test_random_draft_raises_the_acceptance_alarm(tmp_path: Path) -> None:
     import torch
 
     from kimi_eagle.fixtures.export import write_draft
-    from kimi_eagle.fixtures.load import load_draft_model, load_target_model
-    from kimi_eagle.fixtures.pair_spec import HIDDEN, TARGET_DIR
+    from kimi_eagle.fixtures.pair_spec import TARGET_DIR
     from kimi_eagle.fixtures.train_draft import new_draft
+    from kimi_eagle.torch_pair import load_draft_model, load_target_model
 
-    trained = load_draft_model(DRAFT_DIR, HIDDEN)
+    target = load_target_model(TARGET_DIR)
+    trained, _ = load_draft_model(DRAFT_DIR, target)
     draft_ids = trained.to_target_ids(torch.arange(trained.lm_head.weight.shape[0]))
-    untrained = new_draft(load_target_model(TARGET_DIR).state_dict(), draft_ids, seed=123)
+    untrained = new_draft(target.state_dict(), draft_ids, seed=123)
     write_draft(untrained.state_dict(), "tiny-kimi-k25", tmp_path / "random-draft")
 
     command = build_command(load_profile("tiny-cpu"), draft=str(tmp_path / "random-draft"), port=free_port())

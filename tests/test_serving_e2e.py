@@ -148,9 +148,9 @@ def test_low_temperature_acceptance_matches_greedy(spec_server: Server) -> None:
 def test_t1_acceptance_follows_target_probabilities(spec_server: Server) -> None:
     """At T=1 each position should be accepted at the rate the target's own probabilities predict."""
     from kimi_eagle.fixtures.acceptance_model import predicted_acceptance
-    from kimi_eagle.fixtures.load import load_draft_model, load_target_model
-    from kimi_eagle.fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, HIDDEN, TARGET_DIR
+    from kimi_eagle.fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, TARGET_DIR
     from kimi_eagle.fixtures.tokenizer import load_tokenizer
+    from kimi_eagle.torch_pair import load_draft_model, load_target_model
 
     prompts = HELDOUT[:8]
     before = spec_counters(spec_server)
@@ -159,7 +159,8 @@ def test_t1_acceptance_follows_target_probabilities(spec_server: Server) -> None
     tokenizer = load_tokenizer(TARGET_DIR)
     prompt_ids = [tokenizer.encode(p).ids for p in prompts for _ in range(4)]
     sequences = [p + o for p, o in zip(prompt_ids, outputs)]
-    predicted = predicted_acceptance(load_target_model(TARGET_DIR), load_draft_model(DRAFT_DIR, HIDDEN),
+    target = load_target_model(TARGET_DIR)
+    predicted = predicted_acceptance(target, load_draft_model(DRAFT_DIR, target)[0],
                                      AUX_LAYER_IDS, sequences, [len(p) for p in prompt_ids], temperature=1.0,
                                      steps=K, anchors=384)
     print(f"T=1 per-position acceptance: measured {[round(x, 3) for x in measured]} "
