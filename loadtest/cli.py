@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.engines import ENGINES, EngineError, get_engine
-from kimi_eagle.loadtest.prompts import PromptError, load_prompts, shipped_sets
+from kimi_eagle.loadtest.prompts import PromptError, load_prompts
 from kimi_eagle.loadtest.runner import LoadTestError, LoadTestInterrupted, LocustRun, run_locust
 from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, RunSummary
-from kimi_eagle.loadtest.workload import Workload
+from kimi_eagle.loadtest.workload import Workload, add_workload_options, workload_from_options
 from kimi_eagle.processes import sigterm_as_keyboard_interrupt
 from kimi_eagle.serve.profile import DEFAULT_PROFILE, load_profile
 
@@ -60,19 +60,7 @@ def default_server_url() -> str:
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--model", help="model name (default: the first of /v1/models)")
-    g.add_argument("--api", default="completions", choices=["completions", "chat"])
-    g.add_argument("--no-stream", action="store_true", help="do not stream (then no TTFT/ITL)")
-    g.add_argument("--prompts", help=f"shipped set ({', '.join(shipped_sets())}) or a JSONL file; "
-                                     "default <api>-short")
-    g.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
-    g.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
-    g.add_argument("--logprob-token-counts", action="store_true",
-                   help="count tokens per chunk from logprobs, for servers that send no per-chunk usage")
-    g.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy")
-    g.add_argument("--seed", type=int, default=0, help="seed of the prompt order")
-    g.add_argument("--ttft-limit-ms", type=float, help="goodput: TTFT limit")
-    g.add_argument("--tpot-limit-ms", type=float, help="goodput: TPOT limit")
+    add_workload_options(g)
     g.add_argument("--run-time", default="30s", help="per run, Locust syntax (30s, 2m; default 30s)")
     g.add_argument("--spawn-rate", type=float, default=10.0, help="users started per second")
     g.add_argument("--max-requests", type=int, help="stop sending after this many requests")
@@ -85,11 +73,7 @@ def _fail(command: str, message: str) -> int:
 
 
 def _workload(args: argparse.Namespace, url: str, engine: str, rate: float | None) -> Workload:
-    workload = Workload(url=url, engine=engine, model=args.model, api=args.api, stream=not args.no_stream,
-                        prompts=args.prompts, max_tokens=args.max_tokens, ignore_eos=not args.no_ignore_eos,
-                        temperature=args.temperature, seed=args.seed, ttft_limit_ms=args.ttft_limit_ms,
-                        tpot_limit_ms=args.tpot_limit_ms, request_rate_per_s=rate,
-                        logprob_token_counts=args.logprob_token_counts)
+    workload = workload_from_options(args, url=url, engine=engine, request_rate_per_s=rate)
     load_prompts(workload.prompts or "", workload.api, workload.seed)  # bad prompt files fail here, not in Locust
     # Always asked, --model or not: an unreachable server or a refused key fails here, in one clear line.
     served = get_engine(engine, url).served_model()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kimi_eagle.loadtest.results import load_summary
 from kimi_eagle.loadtest.summary import RunSummary
-from kimi_eagle.loadtest.workload import Workload
+from kimi_eagle.loadtest.workload import Workload, workload_argv
 from kimi_eagle.processes import free_port, interrupts_deferred
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -61,15 +61,7 @@ class LocustRun:
 
     def workload_args(self) -> list[str]:
         w = self.workload
-        args = ["-f", str(LOCUSTFILE), "--host", w.url, "--engine", w.engine, "--api", w.api,
-                "--max-tokens", str(w.max_tokens), "--temperature", str(w.temperature),
-                "--prompt-seed", str(w.seed), "--prompts", w.prompts or ""]
-        args += ["--model", w.model] if w.model else []
-        args += ["--no-stream"] if not w.stream else []
-        args += ["--no-ignore-eos"] if not w.ignore_eos else []
-        args += ["--logprob-token-counts"] if w.logprob_token_counts else []
-        args += ["--ttft-limit-ms", str(w.ttft_limit_ms)] if w.ttft_limit_ms else []
-        args += ["--tpot-limit-ms", str(w.tpot_limit_ms)] if w.tpot_limit_ms else []
+        args = ["-f", str(LOCUSTFILE), "--host", w.url, "--engine", w.engine, *workload_argv(w)]
         if w.request_rate_per_s:
             args += ["--request-rate", str(w.request_rate_per_s), "--open-loop-users", str(self.users)]
         if self.max_requests:

@@ -37,7 +37,7 @@ from kimi_eagle.loadtest.prompts import PromptError
 from kimi_eagle.loadtest.records import RequestRecord
 from kimi_eagle.loadtest.summary import EXIT_INTERRUPTED, LocustSettings
 from kimi_eagle.loadtest.user import STATE_KEY, RunState, run_state
-from kimi_eagle.loadtest.workload import Workload
+from kimi_eagle.loadtest.workload import Workload, add_workload_options, workload_from_options
 
 logger = logging.getLogger(__name__)
 RECORDS_KEY = "kimi_records"
@@ -50,18 +50,7 @@ def add_options(parser: Any) -> None:
     """Our options in Locust's own parser (not in a group: only the parser takes include_in_web_ui): they
     show in the web UI and reach the workers."""
     parser.add_argument("--engine", default="vllm", help="engine kind behind --host: vllm or sglang")
-    parser.add_argument("--model", default="", help="model name (default: the first of /v1/models)")
-    parser.add_argument("--api", default="completions", choices=["completions", "chat"], help="OpenAI API")
-    parser.add_argument("--no-stream", action="store_true", default=False, help="do not stream (no TTFT/ITL)")
-    parser.add_argument("--prompts", default="", help="shipped prompt set or JSONL path (default <api>-short)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
-    parser.add_argument("--logprob-token-counts", action="store_true", default=False,
-                       help="count tokens per chunk from logprobs (servers without per-chunk usage)")
-    parser.add_argument("--no-ignore-eos", action="store_true", default=False, help="let requests stop at EOS")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
-    parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt order")
-    parser.add_argument("--ttft-limit-ms", type=float, default=0.0, help="goodput TTFT limit (0: none)")
-    parser.add_argument("--tpot-limit-ms", type=float, default=0.0, help="goodput TPOT limit (0: none)")
+    add_workload_options(parser, unset="empty")
     parser.add_argument("--request-rate", type=float, default=0.0,
                        help="open loop: total Poisson arrival rate in req/s (0: closed loop)")
     parser.add_argument("--open-loop-users", type=int, default=0, include_in_web_ui=False,
@@ -73,11 +62,8 @@ def add_options(parser: Any) -> None:
 
 def workload_from(environment: Environment) -> Workload:
     o = environment.parsed_options
-    return Workload(url=environment.host or "http://127.0.0.1:8000", engine=o.engine, model=o.model or None,
-                    api=o.api, stream=not o.no_stream, prompts=o.prompts or None, max_tokens=o.max_tokens,
-                    ignore_eos=not o.no_ignore_eos, temperature=o.temperature, seed=o.prompt_seed,
-                    ttft_limit_ms=o.ttft_limit_ms or None, tpot_limit_ms=o.tpot_limit_ms or None,
-                    request_rate_per_s=o.request_rate or None, logprob_token_counts=o.logprob_token_counts)
+    return workload_from_options(o, url=environment.host or "http://127.0.0.1:8000", engine=o.engine,
+                                 request_rate_per_s=o.request_rate or None)
 
 
 class Session:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -56,3 +57,81 @@ class Workload(BaseModel):
                 body.update({"logprobs": True, "top_logprobs": 0} if self.api == "chat" else {"logprobs": 0})
         body.update(extras)
         return body
+
+
+# --- The workload on command lines: one table, every parser and argv made from it ------------------------------------
+# `kimi-eagle loadtest` / `ab` and Locust's own parser (our locustfile's options: its web UI, its workers) take the
+# same flags; the runner writes them back from a Workload. The URL, the engine and the request rate are each
+# command's own (a sweep, a side of an A/B, Locust's --host).
+
+
+@dataclass(frozen=True)
+class Option:
+    field: str
+    flag: str
+    help: str
+    negated: bool = False  # a field that is on by default, switched off by the flag (--no-stream)
+
+
+OPTIONS = (
+    Option("model", "--model", "model name (default: the first of /v1/models)"),
+    Option("api", "--api", "OpenAI API: completions or chat"),
+    Option("stream", "--no-stream", "do not stream (then no TTFT/ITL)", negated=True),
+    Option("prompts", "--prompts", "shipped prompt set or a JSONL file (default <api>-short)"),
+    Option("max_tokens", "--max-tokens", "output tokens per request (default 64)"),
+    Option("ignore_eos", "--no-ignore-eos", "let requests stop at EOS (lengths then vary)", negated=True),
+    Option("logprob_token_counts", "--logprob-token-counts",
+           "count tokens per chunk from logprobs, for servers that send no per-chunk usage"),
+    Option("temperature", "--temperature", "sampling temperature (default 0: greedy)"),
+    Option("seed", "--seed", "seed of the prompt order"),
+    Option("ttft_limit_ms", "--ttft-limit-ms", "goodput: TTFT limit"),
+    Option("tpot_limit_ms", "--tpot-limit-ms", "goodput: TPOT limit"),
+)
+
+
+def _value_type(field: str) -> type:
+    annotation = Workload.model_fields[field].annotation
+    if get_origin(annotation) is Literal:
+        return str
+    return next((t for t in get_args(annotation) if t is not type(None)), annotation)  # X | None -> X
+
+
+def add_workload_options(parser: Any, *, unset: Literal["none", "empty"] = "none") -> None:
+    """The workload's flags in an argparse (or Locust) parser, with Workload's defaults. With `unset="empty"` an
+    optional field that is not given reads "" or 0 instead of None (Locust's web UI shows every default in a form)."""
+    for option in OPTIONS:
+        info = Workload.model_fields[option.field]
+        kind = _value_type(option.field)
+        if kind is bool:
+            parser.add_argument(option.flag, action="store_true", default=False, help=option.help)
+            continue
+        default = info.default
+        if default is None and unset == "empty":
+            default = kind()
+        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else None
+        parser.add_argument(option.flag, type=kind, default=default, choices=choices, help=option.help)
+
+
+def workload_from_options(options: Any, *, url: str, engine: str, request_rate_per_s: float | None) -> Workload:
+    """The Workload a parsed command line asks for (from either kind of parser)."""
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        value = getattr(options, option.flag.removeprefix("--").replace("-", "_"))
+        if option.negated:
+            value = not value
+        elif Workload.model_fields[option.field].default is None:
+            value = value or None  # "" and 0 from Locust's form mean "not given"
+        values[option.field] = value
+    return Workload(url=url, engine=engine, request_rate_per_s=request_rate_per_s, **values)
+
+
+def workload_argv(workload: Workload) -> list[str]:
+    """The flags that make `workload_from_options` give this workload back (what the runner passes to Locust)."""
+    argv: list[str] = []
+    for option in OPTIONS:
+        value = getattr(workload, option.field)
+        if isinstance(value, bool):
+            argv += [option.flag] if value != option.negated else []
+        elif value is not None:
+            argv += [option.flag, str(value)]
+    return argv
