@@ -19,6 +19,7 @@ import torch
 
 from kimi_eagle import envs
 from kimi_eagle.adapter import compat
+from kimi_eagle.adapter.checks.layout import default_aux_ids
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
@@ -66,7 +67,7 @@ def align_aux_layer_ids(proposer) -> tuple[int, ...]:
         (getattr(hf_config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
     layers = proposer.vllm_config.model_config.get_total_num_hidden_layers()
     if not ids:
-        ids = (2, layers // 2, layers - 3)
+        ids = tuple(default_aux_ids(layers))
         logger.warning("kimi-eagle: the draft config names no aux layer ids; vLLM captures its default "
                        "(2, L//2, L-3) = %s for this %d-layer target, the rule speculators trains with by default. "
                        "If the draft was trained on other layers, set eagle_aux_hidden_state_layer_ids in its "

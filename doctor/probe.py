@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from kimi_eagle.adapter.checks import Finding, Severity
 from kimi_eagle.adapter.checks.checkpoint import CheckpointError, open_checkpoint
-from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec, target_spec
+from kimi_eagle.adapter.checks.layout import DraftConfigError, default_aux_ids, draft_spec, target_spec
 
 MAX_TARGET_PARAMS = 2_000_000_000  # a CPU probe in float32; the real Kimi-K2.5 is 1T
 CONTINUATION_TOKENS = 48
@@ -156,7 +156,7 @@ def variants(configured: list[int], num_layers: int) -> list[tuple[str, list[int
     candidates = [("configured", configured),
                   ("shifted -1", [i - 1 for i in configured]),
                   ("shifted +1", [i + 1 for i in configured]),
-                  ("default (2, L//2, L-3)", [2, n // 2, n - 3][: len(configured)]),
+                  ("default (2, L//2, L-3)", default_aux_ids(n)[: len(configured)]),
                   ("one layer repeated", [configured[len(configured) // 2]] * len(configured))]
     seen, out = set(), []
     for label, ids in candidates:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimi_eagle.adapter.checks.layout import DraftConfigError, default_aux_ids, draft_spec
 from kimi_eagle.serve.command import API_KEY_ENV, CommandError, ServeCommand, is_loopback
 from kimi_eagle.serve.profile import Profile, resolve_model_path
 
@@ -72,6 +73,8 @@ VLLM_TO_SGLANG_FLAGS: dict[str, str] = {
 LEFT_OUT_FLAGS: dict[str, str] = {
     "enable-auto-tool-choice": "SGLang chooses tools automatically once --tool-call-parser is set",
     "gpu-memory-utilization": "SGLang's --mem-fraction-static counts differently: set it after `--`",
+    "kv-cache-memory-bytes": "SGLang sizes its KV pool in tokens (--max-total-tokens) or as a share "
+                             "(--mem-fraction-static): set one after `--`",
     "mm-encoder-tp-mode": "no SGLang counterpart",
     "language-model-only": "no SGLang switch known here: SGLang loads the vision tower too",
     "distributed-executor-backend": "SGLang spans nodes with --nnodes, --node-rank and --dist-init-addr on every "
@@ -116,24 +119,30 @@ def default_view_dir(draft_dir: Path) -> Path:
 
 def sglang_draft_config(speculators: dict[str, Any], target_text: dict[str, Any] | None) -> tuple[dict, dict]:
     """The flat config SGLang reads, and where each of its fields came from."""
-    layer = speculators.get("transformer_layer_config")
-    if not isinstance(layer, dict):
+    try:
+        spec = draft_spec(speculators)
+    except DraftConfigError as exc:
+        raise ViewError(f"the draft config: {exc}") from None
+    if spec.format != "speculators":
         raise ViewError("the draft config has no transformer_layer_config: is it a speculators EAGLE-3 checkpoint?")
-    if layer.get("model_type") != "llama":
-        raise ViewError(f"the draft layer is {layer.get('model_type')!r}; SGLang's EAGLE-3 draft class "
+    layer = spec.layer_config
+    if spec.model_type != "llama":
+        raise ViewError(f"the draft layer is {spec.model_type!r}; SGLang's EAGLE-3 draft class "
                         f"({SGLANG_EAGLE3_ARCH}) is a Llama layer: train the draft with a llama layer")
-    on = [name for name in UNSUPPORTED_SPECULATORS_OPTIONS if speculators.get(name)]
+    declared = {"norm_before_residual": spec.declared_norm_before_residual, "norm_before_fc": spec.norm_before_fc,
+                "fc_norm": spec.fc_norm, "norm_output": spec.norm_output}
+    on = [name for name in UNSUPPORTED_SPECULATORS_OPTIONS if declared[name]]
     if on:
         raise ViewError(f"the draft sets {', '.join(on)}, which SGLang's {SGLANG_EAGLE3_ARCH} does not implement: "
                         "SGLang would run a different network than the one trained; compare on vLLM only")
     num_layers = target_text.get("num_hidden_layers") if target_text else None
-    aux_ids = speculators.get("eagle_aux_hidden_state_layer_ids")
+    aux_ids = spec.declared_ids
     fields = {key: "transformer_layer_config" for key in layer}
     if aux_ids is None:
         if num_layers is None:
             raise ViewError("the draft config has no eagle_aux_hidden_state_layer_ids and the target's layer count "
                             "is unknown: give --target DIR (a folder with the target's config.json)")
-        aux_ids = [2, num_layers // 2, num_layers - 3]
+        aux_ids = default_aux_ids(num_layers)
         fields["eagle_config"] = "speculators' default [2, N//2, N-3] of the target's N layers"
     else:
         fields["eagle_config"] = "speculators config: eagle_aux_hidden_state_layer_ids"
@@ -147,7 +156,7 @@ def sglang_draft_config(speculators: dict[str, Any], target_text: dict[str, Any]
                         "at 1, e.g. speculators' default [2, N//2, N-3]")
     if num_layers is not None and not all(0 <= i <= num_layers for i in aux_ids):
         raise ViewError(f"aux layer ids {aux_ids} are outside the target's 0..{num_layers}")
-    target_hidden = speculators.get("target_hidden_size")
+    target_hidden = spec.declared_target_hidden_size
     fields["target_hidden_size"] = "speculators config: target_hidden_size"
     if target_hidden is None:
         if target_text and target_text.get("hidden_size"):
@@ -158,15 +167,15 @@ def sglang_draft_config(speculators: dict[str, Any], target_text: dict[str, Any]
     config = dict(layer)
     config.update(
         architectures=[SGLANG_EAGLE3_ARCH],
-        draft_vocab_size=speculators.get("draft_vocab_size") or layer["vocab_size"],
+        draft_vocab_size=spec.draft_vocab_size,
         target_hidden_size=target_hidden,
         eagle_config={"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True},
     )
     fields["architectures"] = f"SGLang's EAGLE-3 Llama draft class ({SGLANG_EAGLE3_ARCH})"
-    fields["draft_vocab_size"] = ("speculators config: draft_vocab_size" if speculators.get("draft_vocab_size")
+    fields["draft_vocab_size"] = ("speculators config: draft_vocab_size" if spec.declared_draft_vocab_size
                                   else "transformer_layer_config.vocab_size")
-    if speculators.get("dtype"):
-        config["torch_dtype"], fields["torch_dtype"] = speculators["dtype"], "speculators config: dtype"
+    if spec.dtype:
+        config["torch_dtype"], fields["torch_dtype"] = spec.dtype, "speculators config: dtype"
     return config, fields
 
 

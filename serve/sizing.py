@@ -224,21 +224,19 @@ class DraftShape(BaseModel):
     @classmethod
     def from_config(cls, config: dict[str, Any], *, target_hidden_size: int | None = None,
                     has_own_embedding: bool = True) -> DraftShape:
-        """A speculators config (layer fields under `transformer_layer_config`) or a flat EAGLE-3 config."""
-        layer = config.get("transformer_layer_config") or config
-        where = "the draft config"
-        hidden = _need(layer, "hidden_size", where)
-        heads = _need(layer, "num_attention_heads", where)
-        vocab = _need(layer, "vocab_size", where)
-        aux = (config.get("eagle_aux_hidden_state_layer_ids")
-               or (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0])
+        """Any layout the draft reader knows (speculators, SpecForge flat), read by it."""
+        from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec
+
+        try:
+            spec = draft_spec(config)
+        except DraftConfigError as exc:
+            raise SizingError(f"the draft config: {exc}") from None
         return cls(
-            hidden_size=hidden, target_hidden_size=config.get("target_hidden_size") or target_hidden_size or hidden,
-            num_aux_hidden_states=len(aux), num_layers=layer.get("num_hidden_layers") or 1, num_heads=heads,
-            num_kv_heads=layer.get("num_key_value_heads") or heads,
-            head_dim=layer.get("head_dim") or hidden // heads,
-            intermediate_size=_need(layer, "intermediate_size", where), vocab_size=vocab,
-            draft_vocab_size=config.get("draft_vocab_size") or vocab, has_own_embedding=has_own_embedding,
+            hidden_size=spec.hidden_size,
+            target_hidden_size=spec.declared_target_hidden_size or target_hidden_size or spec.hidden_size,
+            num_aux_hidden_states=spec.vllm_fc_count, num_layers=spec.num_layers, num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+            vocab_size=spec.vocab_size, draft_vocab_size=spec.draft_vocab_size, has_own_embedding=has_own_embedding,
         )
 
     def replicated_params(self) -> int:

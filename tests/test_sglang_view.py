@@ -138,8 +138,9 @@ def test_command_speculates_like_the_vllm_profile(tmp_path: Path) -> None:
     assert _flag(argv, "--speculative-draft-model-path") == str((tmp_path / "view").absolute())
     assert "--enable-metrics" in argv
     assert _flag(argv, "--context-length") == "2048" and _flag(argv, "--dtype") == "float32"
-    assert set(plan.dropped_flags) == {"gpu-memory-utilization", "language-model-only", "attention-backend",
+    assert set(plan.dropped_flags) == {"kv-cache-memory-bytes", "language-model-only", "attention-backend",
                                        "max-num-queued-reqs"}
+    assert "--max-total-tokens" in plan.dropped_flags["kv-cache-memory-bytes"]
 
 
 def test_k_and_no_draft_options(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_cli_prints_the_command_and_what_it_left_out(tmp_path: Path, capsys: pyt
     captured = capsys.readouterr()
     assert "sglang.launch_server" in captured.out and "--speculative-algorithm EAGLE3" in captured.out
     assert captured.out.rstrip().endswith("--mem-fraction-static 0.8")
-    assert "--gpu-memory-utilization left out" in captured.err
+    assert "--kv-cache-memory-bytes left out" in captured.err
     assert (tmp_path / "view" / "config.json").is_file()
 
 

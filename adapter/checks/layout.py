@@ -1,4 +1,5 @@
-"""The draft and the target as the engines see them, from their configs (and the target's weight names).
+"""The draft and the target as the engines see them, from their configs (and the target's weight names): the one
+reader of draft configs, used by the guards inside vLLM, doctor, the sizing and the SGLang view.
 
 vLLM 0.32 reads a speculators-format draft through `SpeculatorsConfig`: the layer config is
 `transformer_layer_config`, plus `draft_vocab_size`, `target_hidden_size`, the norm options and the top-level
@@ -15,6 +16,12 @@ from pathlib import Path
 from kimi_eagle.adapter.checks.checkpoint import Checkpoint
 
 LAYER_NAME = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")
+
+
+def default_aux_ids(num_layers: int) -> list[int]:
+    """The aux layer ids vLLM's target captures, and speculators trains with, when a draft names none: (2, L//2, L-3)
+    of the target's L layers (`gpu_model_runner._get_eagle3_aux_layers_from_config`)."""
+    return [2, num_layers // 2, num_layers - 3]
 
 
 def _ids(value: object) -> list[int] | None:
@@ -55,6 +62,8 @@ class DraftSpec:
     num_aux_hidden_states: int | None
     verifier_architectures: list[str] = field(default_factory=list)
     verifier_name: str | None = None
+    layer_config: dict = field(default_factory=dict)  # the draft layer's own config, every field as written
+    dtype: str | None = None  # the checkpoint's dtype as the config states it
 
     @property
     def draft_vocab_size(self) -> int:
@@ -158,6 +167,8 @@ def draft_spec(config: dict) -> DraftSpec:
         num_aux_hidden_states=layer.get("num_aux_hidden_states"),
         verifier_architectures=list(verifier.get("architectures") or []),
         verifier_name=verifier.get("name_or_path"),
+        layer_config=dict(layer),
+        dtype=config.get("dtype") or config.get("torch_dtype"),
     )
 
 
@@ -175,9 +186,7 @@ class TargetSpec:
 
     @property
     def default_aux_ids(self) -> list[int]:
-        """vLLM's and speculators' default: (2, L//2, L-3)."""
-        n = self.num_layers
-        return [2, n // 2, n - 3]
+        return default_aux_ids(self.num_layers)
 
 
 def target_spec(checkpoint: Checkpoint) -> TargetSpec:
