@@ -48,3 +48,17 @@ def refusal_message(findings: list[Finding], engine: str = "vllm") -> str:
         lines.append(f"- [{f.code}] {f.title}: found {f.found}; expected {f.expected}.")
         lines.append(f"  Fix: {f.fix}")
     return "\n".join(lines)
+
+
+SHOWN = 6  # names listed per finding before "... and N more"
+
+
+def listing(items: list[str]) -> str:
+    """Names for a finding's text: the first few, then how many more."""
+    shown = ", ".join(items[:SHOWN])
+    return shown + (f" ... and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def finding(code: str, severity: Severity, title: str, found: str, expected: str, fix: str,
+            engine: Engine = "all") -> Finding:
+    return Finding(code=code, severity=severity, title=title, found=found, expected=expected, fix=fix, engine=engine)

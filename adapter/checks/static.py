@@ -1,52 +1,17 @@
-"""The static checks: every fault of a draft (and of the draft against its target) at once, before serving."""
+"""The static checks, one function each: every fault of a draft (and of the draft against its target), before serving.
+`diagnosis.py` runs them all and gathers the report."""
 
 from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from pathlib import Path
 
-from pydantic import BaseModel, Field
 from safetensors import SafetensorError
 
 from kimi_eagle.adapter.checks import engines as eng
-from kimi_eagle.adapter.checks.checkpoint import Checkpoint, CheckpointError, TensorInfo, load_numpy, open_checkpoint
-from kimi_eagle.adapter.checks.findings import Finding, Severity
-from kimi_eagle.adapter.checks.layout import DraftConfigError, DraftSpec, TargetSpec, draft_spec, target_spec
-from kimi_eagle.adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
-
-SHOWN = 6  # names listed per finding before "... and N more"
-
-
-class KeyFate(BaseModel):
-    status: str = Field(description="loaded / consumed / ignored / dropped / load-error / missing / shared")
-    param: str | None = None
-    note: str = ""
-
-
-class CoverageRow(BaseModel):
-    key: str | None = Field(description="Checkpoint tensor name; None for an engine parameter nothing fills.")
-    shape: tuple[int, ...] | None = None
-    engines: dict[str, KeyFate] = Field(default_factory=dict)
-
-
-class Diagnosis(BaseModel):
-    draft: str
-    target: str | None
-    findings: list[Finding] = Field(default_factory=list)
-    coverage: list[CoverageRow] = Field(default_factory=list)
-    aux_ids: dict[str, list[int] | None] = Field(default_factory=dict, description="The ids each engine uses.")
-    health: list[HealthRow] = Field(default_factory=list)
-    trained: TrainedVerdict = Field(default_factory=lambda: TrainedVerdict(verdict="not checked", reason="skipped"))
-
-
-def _listing(items: list[str]) -> str:
-    shown = ", ".join(items[:SHOWN])
-    return shown + (f" ... and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
-
-
-def _f(code: str, severity: Severity, title: str, found: str, expected: str, fix: str, engine: str = "all") -> Finding:
-    return Finding(code=code, severity=severity, title=title, found=found, expected=expected, fix=fix, engine=engine)
+from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_numpy
+from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
+from kimi_eagle.adapter.checks.layout import DraftSpec, TargetSpec
 
 
 def checkpoint_name(param: str, shard: object) -> str:
@@ -100,22 +65,22 @@ def check_keys(ctx: Context) -> list[Finding]:
         if bad:
             expected = ctx.expected_names(engine)
             silent = sum(f.status == "dropped" for f in bad.values())
-            out.append(_f(
+            out.append(finding(
                 "unloaded-tensor", Severity.REFUSAL,
                 f"{len(bad)} checkpoint tensor(s) load into nothing in {label}",
-                _listing([f"{n} ({f.note})" for n, f in bad.items()])
+                listing([f"{n} ({f.note})" for n, f in bad.items()])
                 + (f"; {silent} of them dropped silently" if silent else ""),
-                f"names the engine maps onto its parameters, e.g. {_listing(expected[:3])}",
-                "per tensor: " + _listing([suggest(n, expected) for n in bad]), engine))
+                f"names the engine maps onto its parameters, e.g. {listing(expected[:3])}",
+                "per tensor: " + listing([suggest(n, expected) for n in bad]), engine))
         targets = defaultdict(list)
         for n, f in ctx.fates.items():
             if f[engine].fills:
                 targets[(f[engine].param, f[engine].shard)].append(n)
         clashes = {k: v for k, v in targets.items() if len(v) > 1}
         if clashes:
-            out.append(_f(
+            out.append(finding(
                 "duplicate-tensor", Severity.REFUSAL, f"several tensors fill the same {label} parameter",
-                _listing([" and ".join(v) + f" -> {p}" for (p, _), v in clashes.items()]),
+                listing([" and ".join(v) + f" -> {p}" for (p, _), v in clashes.items()]),
                 "one tensor per parameter (both `layers.0.*` and `midlayer.*` are accepted, not both at once)",
                 "delete the stale copy from the checkpoint", engine))
         out.extend(_unfilled(ctx, engine, targets))
@@ -146,21 +111,22 @@ def _unfilled(ctx: Context, engine: str, targets: dict) -> list[Finding]:
                 shared.append(what)
     out = []
     if missing:
-        out.append(_f(
+        out.append(finding(
             "unfilled-parameter", Severity.REFUSAL, f"{len(missing)} draft parameter(s) nothing fills in {label}",
-            _listing(missing),
+            listing(missing),
             "every parameter but embeddings and lm_head in the checkpoint (the engine would run them "
             "uninitialised, without an error)",
             "re-export the draft with all of its tensors (speculators' save_pretrained writes them all)", engine))
     if unshareable:
-        out.append(_f(
-            "unshareable-missing", Severity.REFUSAL, f"a missing tensor cannot be taken from the target in {label}",
-            _listing(unshareable), "the draft's own tensor when its shape differs from the target's",
+        out.append(finding(
+            "unshareable-missing", Severity.REFUSAL,
+            f"a missing tensor cannot be taken from the target in {label}",
+            listing(unshareable), "the draft's own tensor when its shape differs from the target's",
             "export the draft's embed_tokens / lm_head with it", engine))
     if shared:
-        out.append(_f(
+        out.append(finding(
             "shared-from-target", Severity.INFO, "shared from the target",
-            _listing(shared) + " absent from the draft", "nothing: the engine uses the target's tensor",
+            listing(shared) + " absent from the draft", "nothing: the engine uses the target's tensor",
             "nothing to do", engine))
     return out
 
@@ -180,7 +146,7 @@ def check_shapes(ctx: Context) -> list[Finding]:
                 continue
             if fate.param == "model.fc.weight":
                 n_aux = want[1] // spec.target_hidden_size
-                out.append(_f(
+                out.append(finding(
                     "fc-width", Severity.REFUSAL, "fc does not fit the aux states the engine feeds it",
                     f"{name} {list(have)}: input {have[1]} = {have[1] / ctx.target_hidden:g} x target hidden "
                     f"{ctx.target_hidden}",
@@ -188,20 +154,20 @@ def check_shapes(ctx: Context) -> list[Finding]:
                     "the fc width, the number of aux ids and the target's hidden size must agree: retrain or "
                     "fix the config's aux ids / target_hidden_size", engine))
             elif ".qkv_proj.weight" in fate.param and have[1] != want[1]:
-                out.append(_f(
+                out.append(finding(
                     "qkv-width", Severity.REFUSAL, f"{name} has the wrong input width",
                     f"{list(have)} (input {have[1]})",
                     f"{list(want)}: input 2 x hidden ({want[1]}) for the first layer (embedding and hidden "
                     "concatenated)", "the draft is not an EAGLE-3 layer of this hidden size: check hidden_size "
                     "in the config", engine))
             elif fate.param == "lm_head.weight":
-                out.append(_f(
+                out.append(finding(
                     "lm-head-rows", Severity.REFUSAL, "lm_head does not match draft_vocab_size",
                     f"{name} {list(have)}", f"[{spec.draft_vocab_size}, {spec.hidden_size}] "
                     f"(draft_vocab_size {spec.draft_vocab_size})",
                     "set draft_vocab_size to lm_head's row count, or export the matching lm_head", engine))
             else:
-                out.append(_f(
+                out.append(finding(
                     "tensor-shape", Severity.REFUSAL, f"{name} has the wrong shape",
                     f"{list(have)}", f"{list(want)} from the config",
                     "the config does not describe this checkpoint: fix hidden/intermediate sizes or heads",
@@ -214,9 +180,9 @@ def check_hidden(ctx: Context) -> list[Finding]:
     if target is None or spec.target_hidden_size == target.hidden_size:
         return []
     source = "target_hidden_size" if spec.declared_target_hidden_size else "hidden_size (no target_hidden_size)"
-    return [_f("hidden-size", Severity.REFUSAL, "the draft expects a target of another hidden size",
-               f"draft {source} = {spec.target_hidden_size}", f"the target's hidden size {target.hidden_size}",
-               "this draft was trained for another target: use a draft trained on this one")]
+    return [finding("hidden-size", Severity.REFUSAL, "the draft expects a target of another hidden size",
+                    f"draft {source} = {spec.target_hidden_size}", f"the target's hidden size {target.hidden_size}",
+                    "this draft was trained for another target: use a draft trained on this one")]
 
 
 def _fc_states(ctx: Context) -> int | None:
@@ -233,19 +199,19 @@ def check_aux_ids(ctx: Context) -> list[Finding]:
     fc_states = _fc_states(ctx)
     if declared:
         if len(set(declared)) != len(declared):
-            out.append(_f("aux-ids-duplicate", Severity.REFUSAL, "an aux layer id is repeated",
-                          f"eagle_aux_hidden_state_layer_ids {declared}", "distinct layer ids",
-                          "use the ids the draft was trained with (speculators: [2, N//2, N-3])"))
+            out.append(finding("aux-ids-duplicate", Severity.REFUSAL, "an aux layer id is repeated",
+                               f"eagle_aux_hidden_state_layer_ids {declared}", "distinct layer ids",
+                               "use the ids the draft was trained with (speculators: [2, N//2, N-3])"))
         if fc_states is not None and len(declared) != fc_states:
-            out.append(_f("aux-ids-count", Severity.REFUSAL, "the number of aux ids does not match fc",
-                          f"{len(declared)} ids {declared}; fc takes {fc_states} x {ctx.target_hidden}",
-                          f"{fc_states} id(s)", "give exactly the ids the draft was trained with"))
+            out.append(finding("aux-ids-count", Severity.REFUSAL, "the number of aux ids does not match fc",
+                               f"{len(declared)} ids {declared}; fc takes {fc_states} x {ctx.target_hidden}",
+                               f"{fc_states} id(s)", "give exactly the ids the draft was trained with"))
         if len(declared) != spec.vllm_fc_count and spec.vllm_target_ids:
-            out.append(_f("aux-ids-count", Severity.REFUSAL, "vLLM sizes fc for another number of aux states",
-                          f"{len(declared)} ids, but vLLM builds fc for {spec.vllm_fc_count} (it reads "
-                          "num_aux_hidden_states or eagle_config's ids, else 3)",
-                          f"{len(declared)} aux states in fc", "set num_aux_hidden_states in the layer config",
-                          "vllm"))
+            out.append(finding("aux-ids-count", Severity.REFUSAL, "vLLM sizes fc for another number of aux states",
+                               f"{len(declared)} ids, but vLLM builds fc for {spec.vllm_fc_count} (it reads "
+                               "num_aux_hidden_states or eagle_config's ids, else 3)",
+                               f"{len(declared)} aux states in fc", "set num_aux_hidden_states in the layer config",
+                               "vllm"))
     if target is None:
         return out
     n = target.num_layers
@@ -253,26 +219,26 @@ def check_aux_ids(ctx: Context) -> list[Finding]:
     if declared:
         bad = [i for i in declared if not 0 <= i <= n]
         if bad:
-            out.append(_f("aux-ids-range", Severity.REFUSAL, "aux layer ids outside the target's layers",
-                          f"ids {bad} for a target with {n} layers",
-                          f"0..{n} (i < {n}: the input of layer i; {n}: the final pre-norm state)",
-                          "use ids of this target (speculators' default for it: "
-                          f"{default}); a draft trained on a deeper model does not fit this one"))
+            out.append(finding("aux-ids-range", Severity.REFUSAL, "aux layer ids outside the target's layers",
+                               f"ids {bad} for a target with {n} layers",
+                               f"0..{n} (i < {n}: the input of layer i; {n}: the final pre-norm state)",
+                               "use ids of this target (speculators' default for it: "
+                               f"{default}); a draft trained on a deeper model does not fit this one"))
     if not declared:
-        out.append(_f("aux-ids-missing", Severity.WARNING, "the draft does not say which target layers it reads",
-                      "no eagle_aux_hidden_state_layer_ids (top level or eagle_config)",
-                      f"explicit ids; vLLM will silently use (2, L//2, L-3) = {tuple(default)} for L = {n}, "
-                      "the rule speculators trains with by default",
-                      f"add \"eagle_aux_hidden_state_layer_ids\": {default} to config.json if that is what the "
-                      "draft was trained with"))
+        out.append(finding("aux-ids-missing", Severity.WARNING, "the draft does not say which target layers it reads",
+                           "no eagle_aux_hidden_state_layer_ids (top level or eagle_config)",
+                           f"explicit ids; vLLM will silently use (2, L//2, L-3) = {tuple(default)} for L = {n}, "
+                           "the rule speculators trains with by default",
+                           f"add \"eagle_aux_hidden_state_layer_ids\": {default} to config.json if that is what the "
+                           "draft was trained with"))
     elif spec.unread_ids and not spec.vllm_target_ids:
         same = spec.unread_ids == default
-        out.append(_f("aux-ids-unread", Severity.INFO if same else Severity.REFUSAL,
-                      "vLLM does not read where the aux ids are written",
-                      f"ids {spec.unread_ids} only under the top-level eagle_config of a speculators config",
-                      f"the top-level eagle_aux_hidden_state_layer_ids; vLLM uses {tuple(default)} instead"
-                      + (" (the same ids)" if same else ""),
-                      f"move them to \"eagle_aux_hidden_state_layer_ids\": {spec.unread_ids}", "vllm"))
+        out.append(finding("aux-ids-unread", Severity.INFO if same else Severity.REFUSAL,
+                           "vLLM does not read where the aux ids are written",
+                           f"ids {spec.unread_ids} only under the top-level eagle_config of a speculators config",
+                           f"the top-level eagle_aux_hidden_state_layer_ids; vLLM uses {tuple(default)} instead"
+                           + (" (the same ids)" if same else ""),
+                           f"move them to \"eagle_aux_hidden_state_layer_ids\": {spec.unread_ids}", "vllm"))
     out.extend(_sglang_aux(ctx, declared, default))
     return out
 
@@ -281,23 +247,23 @@ def _sglang_aux(ctx: Context, declared: list[int] | None, default: list[int]) ->
     spec = ctx.spec
     out = []
     if spec.format == "speculators":
-        out.append(_f("sglang-config-format", Severity.INFO, "SGLang reads flat configs only",
-                      "a speculators-format config (SGLang 0.5.23: 'Unrecognized model ... model_type')",
-                      "a flat view: architectures [LlamaForCausalLMEagle3], the layer fields, draft_vocab_size "
-                      "and the ids under eagle_config; the SGLang results here assume that view",
-                      "serve SGLang through a flat view of this draft (kimi-eagle writes one)", "sglang"))
+        out.append(finding("sglang-config-format", Severity.INFO, "SGLang reads flat configs only",
+                           "a speculators-format config (SGLang 0.5.23: 'Unrecognized model ... model_type')",
+                           "a flat view: architectures [LlamaForCausalLMEagle3], the layer fields, draft_vocab_size "
+                           "and the ids under eagle_config; the SGLang results here assume that view",
+                           "serve SGLang through a flat view of this draft (kimi-eagle writes one)", "sglang"))
     elif declared and not spec.eagle_config_ids:
         same = declared == default
-        out.append(_f("aux-ids-ignored", Severity.INFO if same else Severity.REFUSAL,
-                      "SGLang ignores the top-level aux ids",
-                      f"ids {declared} at the top level only", f"eagle_config.eagle_aux_hidden_state_layer_ids; "
-                      f"SGLang falls back to {default}" + (" (the same ids)" if same else ""),
-                      f"add \"eagle_config\": {{\"eagle_aux_hidden_state_layer_ids\": {declared}}}", "sglang"))
+        out.append(finding("aux-ids-ignored", Severity.INFO if same else Severity.REFUSAL,
+                           "SGLang ignores the top-level aux ids",
+                           f"ids {declared} at the top level only", f"eagle_config.eagle_aux_hidden_state_layer_ids; "
+                           f"SGLang falls back to {default}" + (" (the same ids)" if same else ""),
+                           f"add \"eagle_config\": {{\"eagle_aux_hidden_state_layer_ids\": {declared}}}", "sglang"))
     ids = spec.sglang_ids
     if ids and ids[0] == 1:
-        out.append(_f("aux-ids-shifted", Severity.WARNING, "SGLang shifts ids that start at 1",
-                      f"ids {ids}", f"SGLang captures {[i + 1 for i in ids]} (it adds 1 when the first id is 1)",
-                      "check which convention the draft was trained with", "sglang"))
+        out.append(finding("aux-ids-shifted", Severity.WARNING, "SGLang shifts ids that start at 1",
+                           f"ids {ids}", f"SGLang captures {[i + 1 for i in ids]} (it adds 1 when the first id is 1)",
+                           "check which convention the draft was trained with", "sglang"))
     return out
 
 
@@ -307,9 +273,9 @@ def _load_vocab_map(info: TensorInfo, out: list[Finding]):
     try:
         return load_numpy(info)
     except (SafetensorError, OSError) as exc:
-        out.append(_f("weights-unreadable", Severity.REFUSAL, f"{info.name} cannot be read",
-                      f"{info.file.name}: {exc}", "a complete safetensors file",
-                      "the file is truncated or corrupt: download or export it again"))
+        out.append(finding("weights-unreadable", Severity.REFUSAL, f"{info.name} cannot be read",
+                           f"{info.file.name}: {exc}", "a complete safetensors file",
+                           "the file is truncated or corrupt: download or export it again"))
         return None
 
 
@@ -318,17 +284,18 @@ def check_vocab(ctx: Context) -> list[Finding]:
     v, dv = ctx.target_vocab, spec.draft_vocab_size
     out = []
     if ctx.target and spec.vocab_size != v:
-        out.append(_f("vocab-size", Severity.REFUSAL, "the draft's vocab_size differs from the target's",
-                      f"transformer config vocab_size {spec.vocab_size}", f"the target's {v}",
-                      "set the draft layer's vocab_size to the target's (it sizes the embedding and the logits)"))
+        out.append(finding("vocab-size", Severity.REFUSAL, "the draft's vocab_size differs from the target's",
+                           f"transformer config vocab_size {spec.vocab_size}", f"the target's {v}",
+                           "set the draft layer's vocab_size to the target's (it sizes the embedding and the logits)"))
     tensors = {n.removeprefix("model.").rsplit(".", 1)[-1]: i for n, i in ctx.draft.tensors.items()
                if n.endswith(("d2t", "t2d"))}
     d2t_info, t2d_info = tensors.get("d2t"), tensors.get("t2d")
     if dv != v and d2t_info is None:
-        out.append(_f("vocab-mapping-missing", Severity.REFUSAL, "draft vocabulary without a mapping to the target's",
-                      f"draft_vocab_size {dv}, target vocab {v}, no d2t tensor",
-                      "d2t [draft vocab] (target id = draft id + d2t[id])",
-                      "export d2t (and t2d) with the draft; without it vLLM maps draft id i to target id i"))
+        out.append(finding("vocab-mapping-missing", Severity.REFUSAL,
+                           "draft vocabulary without a mapping to the target's",
+                           f"draft_vocab_size {dv}, target vocab {v}, no d2t tensor",
+                           "d2t [draft vocab] (target id = draft id + d2t[id])",
+                           "export d2t (and t2d) with the draft; without it vLLM maps draft id i to target id i"))
     d2t = _load_vocab_map(d2t_info, out) if d2t_info is not None else None
     if d2t is None:
         return out
@@ -336,35 +303,35 @@ def check_vocab(ctx: Context) -> list[Finding]:
     import numpy as np
 
     if d2t.shape != (dv,):
-        out.append(_f("d2t-length", Severity.REFUSAL, "d2t does not cover the draft vocabulary",
-                      f"d2t shape {list(d2t.shape)}", f"[{dv}] (draft_vocab_size)",
-                      "export d2t from the same training run as lm_head"))
+        out.append(finding("d2t-length", Severity.REFUSAL, "d2t does not cover the draft vocabulary",
+                           f"d2t shape {list(d2t.shape)}", f"[{dv}] (draft_vocab_size)",
+                           "export d2t from the same training run as lm_head"))
         return out
     targets = np.arange(dv) + d2t
     bad = np.flatnonzero((targets < 0) | (targets >= v))
     if bad.size:
-        out.append(_f("d2t-range", Severity.REFUSAL, "d2t maps draft ids outside the target vocabulary",
-                      f"{bad.size} draft ids, e.g. {bad[0]} -> {targets[bad[0]]}", f"target ids in 0..{v - 1}",
-                      "d2t holds offsets (target = draft + d2t), not target ids: re-export it"))
+        out.append(finding("d2t-range", Severity.REFUSAL, "d2t maps draft ids outside the target vocabulary",
+                           f"{bad.size} draft ids, e.g. {bad[0]} -> {targets[bad[0]]}", f"target ids in 0..{v - 1}",
+                           "d2t holds offsets (target = draft + d2t), not target ids: re-export it"))
     if np.unique(targets).size != dv:
-        out.append(_f("d2t-duplicates", Severity.WARNING, "d2t maps several draft ids to one target id",
-                      f"{dv - np.unique(targets).size} collisions", "a one-to-one mapping",
-                      "re-export d2t: colliding ids overwrite each other's logits"))
+        out.append(finding("d2t-duplicates", Severity.WARNING, "d2t maps several draft ids to one target id",
+                           f"{dv - np.unique(targets).size} collisions", "a one-to-one mapping",
+                           "re-export d2t: colliding ids overwrite each other's logits"))
     t2d = _load_vocab_map(t2d_info, out) if t2d_info is not None else None
     if t2d is not None:
         t2d = t2d.astype(bool)
         if t2d.shape != (v,):
-            out.append(_f("t2d-length", Severity.REFUSAL, "t2d does not cover the target vocabulary",
-                          f"t2d shape {list(t2d.shape)}", f"[{v}] (target vocab)", "export t2d for this target"))
+            out.append(finding("t2d-length", Severity.REFUSAL, "t2d does not cover the target vocabulary",
+                               f"t2d shape {list(t2d.shape)}", f"[{v}] (target vocab)", "export t2d for this target"))
         elif not bad.size:
             in_t2d = set(np.flatnonzero(t2d).tolist())
             in_d2t = set(targets.tolist())
             if in_t2d != in_d2t:
-                out.append(_f("t2d-mismatch", Severity.REFUSAL, "t2d and d2t disagree",
-                              f"{len(in_d2t - in_t2d)} ids d2t reaches are not in t2d, "
-                              f"{len(in_t2d - in_d2t)} ids in t2d are not reached by d2t",
-                              "t2d true exactly at the target ids d2t reaches",
-                              "d2t and t2d come from different exports: re-export both together"))
+                out.append(finding("t2d-mismatch", Severity.REFUSAL, "t2d and d2t disagree",
+                                   f"{len(in_d2t - in_t2d)} ids d2t reaches are not in t2d, "
+                                   f"{len(in_t2d - in_d2t)} ids in t2d are not reached by d2t",
+                                   "t2d true exactly at the target ids d2t reaches",
+                                   "d2t and t2d come from different exports: re-export both together"))
     return out
 
 
@@ -374,42 +341,43 @@ def check_verifier(ctx: Context) -> list[Finding]:
         return []
     if set(spec.verifier_architectures) & set(target.architectures):
         return []
-    return [_f("verifier-mismatch", Severity.WARNING, "the draft was trained against another architecture",
-               f"speculators_config.verifier: {spec.verifier_architectures} ({spec.verifier_name})",
-               f"the target being served: {target.architectures}",
-               "fine when it is the same model under another class name (e.g. its language model alone); "
-               "otherwise use a draft trained on this target")]
+    return [finding("verifier-mismatch", Severity.WARNING, "the draft was trained against another architecture",
+                    f"speculators_config.verifier: {spec.verifier_architectures} ({spec.verifier_name})",
+                    f"the target being served: {target.architectures}",
+                    "fine when it is the same model under another class name (e.g. its language model alone); "
+                    "otherwise use a draft trained on this target")]
 
 
 def check_options(ctx: Context) -> list[Finding]:
     spec = ctx.spec
     out = []
     if spec.model_type not in ("llama", "qwen3"):
-        out.append(_f("layer-type", Severity.REFUSAL, "unsupported draft layer type",
-                      f"model_type {spec.model_type!r}", "'llama' (or 'qwen3' in vLLM)",
-                      "export the draft with a Llama layer"))
+        out.append(finding("layer-type", Severity.REFUSAL, "unsupported draft layer type",
+                           f"model_type {spec.model_type!r}", "'llama' (or 'qwen3' in vLLM)",
+                           "export the draft with a Llama layer"))
     elif spec.model_type == "qwen3":
-        out.append(_f("layer-type", Severity.WARNING, "a Qwen3 draft layer: key checks assume a Llama layer",
-                      "model_type 'qwen3'", "'llama'", "treat the key coverage as approximate", "vllm"))
+        out.append(finding("layer-type", Severity.WARNING, "a Qwen3 draft layer: key checks assume a Llama layer",
+                           "model_type 'qwen3'", "'llama'", "treat the key coverage as approximate", "vllm"))
     if spec.format == "speculators" and spec.declared_norm_before_residual is None:
-        out.append(_f("norm-before-residual-default", Severity.WARNING, "norm_before_residual is not set",
-                      "no norm_before_residual in the speculators config",
-                      "an explicit value: vLLM 0.32 assumes true when it is missing",
-                      "write the value the draft was trained with into config.json", "vllm"))
+        out.append(finding("norm-before-residual-default", Severity.WARNING, "norm_before_residual is not set",
+                           "no norm_before_residual in the speculators config",
+                           "an explicit value: vLLM 0.32 assumes true when it is missing",
+                           "write the value the draft was trained with into config.json", "vllm"))
     if spec.embed_requires_grad:
-        out.append(_f("embedding-overridden", Severity.WARNING, "SGLang replaces the draft's trained embedding",
-                      "embed_requires_grad=true: the draft trained its own embedding",
-                      "SGLang 0.5.23's EAGLE-3 worker always installs the target's embedding in the draft",
-                      "serve this draft with vLLM (it keeps distinct embeddings), or retrain with frozen embeddings",
-                      "sglang"))
+        out.append(finding("embedding-overridden", Severity.WARNING, "SGLang replaces the draft's trained embedding",
+                           "embed_requires_grad=true: the draft trained its own embedding",
+                           "SGLang 0.5.23's EAGLE-3 worker always installs the target's embedding in the draft",
+                           "serve this draft with vLLM (it keeps distinct embeddings), or retrain with frozen "
+                           "embeddings",
+                           "sglang"))
     # SGLang reads the file's own value (a flat view carries it); vLLM's "true when absent" is vLLM's alone
     unsupported = ["norm_before_residual"] if spec.declared_norm_before_residual else []
     unsupported += [o for o in ("norm_before_fc", "fc_norm", "norm_output") if getattr(spec, o)]
     if unsupported:
-        out.append(_f("option-unsupported", Severity.REFUSAL, "draft options SGLang cannot honour",
-                      ", ".join(f"{o}=true" for o in unsupported),
-                      "SGLang 0.5.23's LlamaForCausalLMEagle3 has none of them and ignores them silently",
-                      "serve this draft with vLLM, or retrain without those options", "sglang"))
+        out.append(finding("option-unsupported", Severity.REFUSAL, "draft options SGLang cannot honour",
+                           ", ".join(f"{o}=true" for o in unsupported),
+                           "SGLang 0.5.23's LlamaForCausalLMEagle3 has none of them and ignores them silently",
+                           "serve this draft with vLLM, or retrain without those options", "sglang"))
     return out
 
 
@@ -419,91 +387,7 @@ def check_target(ctx: Context) -> list[Finding]:
         return []
     if t.layers_in_weights in (t.num_layers, t.num_layers + t.num_mtp_layers):
         return []
-    return [_f("target-layers", Severity.WARNING, "the target's config and its weights disagree on the layer count",
-               f"weights name layers 0..{t.layers_in_weights - 1}", f"{t.num_layers} layers (config.json)",
-               "check that config.json belongs to these weights")]
-
-
-def merge_engines(findings: list[Finding]) -> list[Finding]:
-    """A fault both engines share is reported once, as engine 'all'."""
-    by_text = defaultdict(list)
-    for f in findings:
-        by_text[(f.code, f.severity, f.title, f.found, f.expected)].append(f)
-    out, seen = [], set()
-    for f in findings:
-        key = (f.code, f.severity, f.title, f.found, f.expected)
-        if key in seen:
-            continue
-        seen.add(key)
-        group = by_text[key]
-        engines = {g.engine for g in group}
-        out.append(f.model_copy(update={"engine": "all"}) if engines >= {"vllm", "sglang"} else f)
-    return sorted(out, key=lambda f: -f.severity)
-
-
-def _coverage(ctx: Context) -> list[CoverageRow]:
-    rows = []
-    for name, fates in ctx.fates.items():
-        rows.append(CoverageRow(key=name, shape=ctx.draft.tensors[name].shape, engines={
-            e: KeyFate(status=f.status, param=f.param + (f" [{f.shard}]" if f.shard is not None else "")
-                       if f.param else None, note=f.note) for e, f in fates.items()}))
-    for engine in eng.ENGINES:
-        filled = {(f[engine].param, f[engine].shard) for f in ctx.fates.values() if f[engine].fills}
-        for p in ctx.models[engine].params.values():
-            for s in p.shards:
-                if (p.name, s) not in filled and p.needed:
-                    status = "shared" if p.shareable else "missing"
-                    rows.append(CoverageRow(key=None, engines={engine: KeyFate(
-                        status=status, param=p.name + (f" [{s}]" if s is not None else ""),
-                        note="taken from the target" if p.shareable else "nothing fills it")}))
-    return rows
-
-
-def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = True) -> Diagnosis:
-    result = Diagnosis(draft=str(draft_dir), target=str(target_dir) if target_dir else None)
-    try:
-        draft = open_checkpoint(Path(draft_dir))
-        spec = draft_spec(draft.config)
-    except (CheckpointError, DraftConfigError) as exc:
-        result.findings.append(_f("draft-unreadable", Severity.REFUSAL, "the draft cannot be read", str(exc),
-                                  "a speculators-format (or flat) EAGLE-3 draft folder", "fix the folder"))
-        return result
-    target = None
-    if target_dir is not None:
-        try:
-            target = target_spec(open_checkpoint(Path(target_dir)))
-        except (CheckpointError, DraftConfigError) as exc:
-            result.findings.append(_f("target-unreadable", Severity.REFUSAL, "the target cannot be read",
-                                      str(exc), "a checkpoint folder with config.json", "fix the path"))
-            return result
-    else:
-        result.findings.append(_f("no-target", Severity.INFO, "no target given: checks against it skipped",
-                                  "no --target", "the target's folder", "pass --target DIR for the full check"))
-    if not draft.tensors:
-        severity = Severity.WARNING if draft.other_weight_files else Severity.REFUSAL
-        result.findings.append(_f("weights-missing", severity, "no safetensors weights in the draft folder",
-                                  _listing([p.name for p in draft.other_weight_files]) or "no weight files",
-                                  "model.safetensors (or shards with model.safetensors.index.json)",
-                                  "save the draft with safetensors (speculators does by default)"))
-        return result
-    ctx = Context(draft, spec, target)
-    findings = []
-    for check in (check_keys, check_shapes, check_hidden, check_aux_ids, check_vocab, check_verifier,
-                  check_options, check_target):
-        findings.extend(check(ctx))
-    if check_values:
-        report = check_weights(draft)
-        findings.extend(report.findings)
-        result.health, result.trained = report.health, report.trained
-    result.findings.extend(merge_engines(findings))
-    result.findings.sort(key=lambda f: -f.severity)
-    result.coverage = _coverage(ctx)
-    default = target.default_aux_ids if target else None
-    result.aux_ids = {"declared": spec.declared_ids, "vllm": spec.vllm_target_ids or default,
-                      "sglang": spec.sglang_ids or default}
-    return result
-
-
-def run_static_checks(draft_dir: Path, target_dir: Path | None) -> list[Finding]:
-    """Every finding about the draft (against the target when given), most severe first."""
-    return diagnose(draft_dir, target_dir).findings
+    return [finding("target-layers", Severity.WARNING,
+                    "the target's config and its weights disagree on the layer count",
+                    f"weights name layers 0..{t.layers_in_weights - 1}", f"{t.num_layers} layers (config.json)",
+                    "check that config.json belongs to these weights")]

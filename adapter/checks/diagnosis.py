@@ -1,0 +1,127 @@
+"""`diagnose`: every static check of a draft (and of the draft against its target) at once, gathered into one
+report: the findings, which engine loads which checkpoint tensor, the aux ids each engine uses, the weights'
+health. Used by the vLLM plugin at engine start (the refusals) and by `kimi-eagle doctor` (the whole report)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from kimi_eagle.adapter.checks import engines as eng
+from kimi_eagle.adapter.checks import static
+from kimi_eagle.adapter.checks.checkpoint import CheckpointError, open_checkpoint
+from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
+from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec, target_spec
+from kimi_eagle.adapter.checks.static import Context
+from kimi_eagle.adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
+
+CHECKS = (static.check_keys, static.check_shapes, static.check_hidden, static.check_aux_ids, static.check_vocab,
+          static.check_verifier, static.check_options, static.check_target)
+
+
+class KeyFate(BaseModel):
+    status: str = Field(description="loaded / consumed / ignored / dropped / load-error / missing / shared")
+    param: str | None = None
+    note: str = ""
+
+
+class CoverageRow(BaseModel):
+    key: str | None = Field(description="Checkpoint tensor name; None for an engine parameter nothing fills.")
+    shape: tuple[int, ...] | None = None
+    engines: dict[str, KeyFate] = Field(default_factory=dict)
+
+
+class Diagnosis(BaseModel):
+    draft: str
+    target: str | None
+    findings: list[Finding] = Field(default_factory=list)
+    coverage: list[CoverageRow] = Field(default_factory=list)
+    aux_ids: dict[str, list[int] | None] = Field(default_factory=dict, description="The ids each engine uses.")
+    health: list[HealthRow] = Field(default_factory=list)
+    trained: TrainedVerdict = Field(default_factory=lambda: TrainedVerdict(verdict="not checked", reason="skipped"))
+
+
+def merge_engines(findings: list[Finding]) -> list[Finding]:
+    """A fault both engines share is reported once, as engine 'all'."""
+    by_text = defaultdict(list)
+    for f in findings:
+        by_text[(f.code, f.severity, f.title, f.found, f.expected)].append(f)
+    out, seen = [], set()
+    for f in findings:
+        key = (f.code, f.severity, f.title, f.found, f.expected)
+        if key in seen:
+            continue
+        seen.add(key)
+        group = by_text[key]
+        engines = {g.engine for g in group}
+        out.append(f.model_copy(update={"engine": "all"}) if engines >= {"vllm", "sglang"} else f)
+    return sorted(out, key=lambda f: -f.severity)
+
+
+def _coverage(ctx: Context) -> list[CoverageRow]:
+    rows = []
+    for name, fates in ctx.fates.items():
+        rows.append(CoverageRow(key=name, shape=ctx.draft.tensors[name].shape, engines={
+            e: KeyFate(status=f.status, param=f.param + (f" [{f.shard}]" if f.shard is not None else "")
+                       if f.param else None, note=f.note) for e, f in fates.items()}))
+    for engine in eng.ENGINES:
+        filled = {(f[engine].param, f[engine].shard) for f in ctx.fates.values() if f[engine].fills}
+        for p in ctx.models[engine].params.values():
+            for s in p.shards:
+                if (p.name, s) not in filled and p.needed:
+                    status = "shared" if p.shareable else "missing"
+                    rows.append(CoverageRow(key=None, engines={engine: KeyFate(
+                        status=status, param=p.name + (f" [{s}]" if s is not None else ""),
+                        note="taken from the target" if p.shareable else "nothing fills it")}))
+    return rows
+
+
+def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = True) -> Diagnosis:
+    result = Diagnosis(draft=str(draft_dir), target=str(target_dir) if target_dir else None)
+    try:
+        draft = open_checkpoint(Path(draft_dir))
+        spec = draft_spec(draft.config)
+    except (CheckpointError, DraftConfigError) as exc:
+        result.findings.append(finding("draft-unreadable", Severity.REFUSAL, "the draft cannot be read", str(exc),
+                                       "a speculators-format (or flat) EAGLE-3 draft folder", "fix the folder"))
+        return result
+    target = None
+    if target_dir is not None:
+        try:
+            target = target_spec(open_checkpoint(Path(target_dir)))
+        except (CheckpointError, DraftConfigError) as exc:
+            result.findings.append(finding("target-unreadable", Severity.REFUSAL, "the target cannot be read",
+                                           str(exc), "a checkpoint folder with config.json", "fix the path"))
+            return result
+    else:
+        result.findings.append(finding("no-target", Severity.INFO, "no target given: checks against it skipped",
+                                       "no --target", "the target's folder", "pass --target DIR for the full check"))
+    if not draft.tensors:
+        severity = Severity.WARNING if draft.other_weight_files else Severity.REFUSAL
+        result.findings.append(finding("weights-missing", severity, "no safetensors weights in the draft folder",
+                                       listing([p.name for p in draft.other_weight_files]) or "no weight files",
+                                       "model.safetensors (or shards with model.safetensors.index.json)",
+                                       "save the draft with safetensors (speculators does by default)"))
+        return result
+    ctx = Context(draft, spec, target)
+    findings = []
+    for check in CHECKS:
+        findings.extend(check(ctx))
+    if check_values:
+        report = check_weights(draft)
+        findings.extend(report.findings)
+        result.health, result.trained = report.health, report.trained
+    result.findings.extend(merge_engines(findings))
+    result.findings.sort(key=lambda f: -f.severity)
+    result.coverage = _coverage(ctx)
+    default = target.default_aux_ids if target else None
+    result.aux_ids = {"declared": spec.declared_ids, "vllm": spec.vllm_target_ids or default,
+                      "sglang": spec.sglang_ids or default}
+    return result
+
+
+def run_static_checks(draft_dir: Path, target_dir: Path | None) -> list[Finding]:
+    """Every finding about the draft (against the target when given), most severe first."""
+    return diagnose(draft_dir, target_dir).findings
