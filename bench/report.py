@@ -58,29 +58,42 @@ def _point_rows(points: list[ThroughputPoint]) -> list[list[str]]:
     return rows
 
 
-def markdown(result: BenchResult) -> str:
-    m = result.machine
-    out = [f"# kimi-eagle bench ({result.mode})", "",
-           f"Command: `{result.command}`  ",
-           f"Machine: {m.cpu_model}, {m.cpus} CPUs, {m.memory_gib} GiB; vLLM {m.vllm_version}, torch "
-           f"{m.torch_version}  ",
-           f"Started {result.started_utc}, took {result.duration_s / 60:.1f} min; load average before "
-           f"{' '.join(f'{x:.2f}' for x in m.load_average_before)}, after "
-           f"{' '.join(f'{x:.2f}' for x in m.load_average_after)}  ",
-           f"Profile {result.profile}: target `{result.target}`, draft `{result.draft}`; prompts "
-           f"`{result.prompts_file}`; greedy, ignore_eos, {result.plan.max_tokens} output tokens per request, "
-           f"{result.plan.repeats} interleaved rounds (A = target alone, B = with the draft).  ",
-           *([f"vLLM flags over the profile's, for every server: "
-              f"`{' '.join(f'--{k} {v}' for k, v in result.plan.vllm_overrides.items())}`  "]
-             if result.plan.vllm_overrides else []),
-           "Figures: median [min, max] over the rounds; speed-ups are round-by-round B/A.", ""]
+POINT_HEADER = ["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
+                "same greedy output"]
 
-    held = [p for p in result.throughput if p.workload == "held-out"]
+
+def markdown(result: BenchResult) -> str:
+    sections = (_heading, _single_stream, _by_concurrency, _acceptance, _checks, _cold_starts, _harness,
+                _recommendation)
+    return "\n".join(line for section in sections for line in section(result))
+
+
+def _heading(result: BenchResult) -> list[str]:
+    m = result.machine
+    return [f"# kimi-eagle bench ({result.mode})", "",
+            f"Command: `{result.command}`  ",
+            f"Machine: {m.cpu_model}, {m.cpus} CPUs, {m.memory_gib} GiB; vLLM {m.vllm_version}, torch "
+            f"{m.torch_version}  ",
+            f"Started {result.started_utc}, took {result.duration_s / 60:.1f} min; load average before "
+            f"{' '.join(f'{x:.2f}' for x in m.load_average_before)}, after "
+            f"{' '.join(f'{x:.2f}' for x in m.load_average_after)}  ",
+            f"Profile {result.profile}: target `{result.target}`, draft `{result.draft}`; prompts "
+            f"`{result.prompts_file}`; greedy, ignore_eos, {result.plan.max_tokens} output tokens per request, "
+            f"{result.plan.repeats} interleaved rounds (A = target alone, B = with the draft).  ",
+            *([f"vLLM flags over the profile's, for every server: "
+               f"`{' '.join(f'--{k} {v}' for k, v in result.plan.vllm_overrides.items())}`  "]
+              if result.plan.vllm_overrides else []),
+            "Figures: median [min, max] over the rounds; speed-ups are round-by-round B/A.", ""]
+
+
+def _held_out(result: BenchResult) -> list[ThroughputPoint]:
+    return [p for p in result.throughput if p.workload == "held-out"]
+
+
+def _single_stream(result: BenchResult) -> list[str]:
+    out = ["## 1. Single stream: target alone vs target + draft", ""]
+    out += _table(POINT_HEADER, _point_rows([p for p in _held_out(result) if p.concurrency == 1]))
     ceiling = [p for p in result.throughput if p.workload == "ceiling"]
-    single = [p for p in held if p.concurrency == 1]
-    out += ["## 1. Single stream: target alone vs target + draft", ""]
-    out += _table(["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
-                   "same greedy output"], _point_rows(single))
     if ceiling:
         probe = next((p for p in result.ceiling_probes if p.prompt == result.ceiling_prompt), None)
         rate = f"{probe.acceptance_rate:.2f}" if probe and probe.acceptance_rate is not None else "n/a"
@@ -88,21 +101,24 @@ def markdown(result: BenchResult) -> str:
                 "repeats a phrase, so the target's greedy continuation repeats and the draft predicts it "
                 f"(probe acceptance rate {rate}). Prompt: "
                 f"`{(result.ceiling_prompt or '')[:80]}...`", ""]
-        out += _table(["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
-                       "same greedy output"], _point_rows(ceiling))
+        out += _table(POINT_HEADER, _point_rows(ceiling))
+    return out
 
-    out += ["## 2. Throughput by concurrency", ""]
-    out += _table(["k", "conc.", "target tok/s", "target+draft tok/s", "speed-up", "mean acc. length",
-                   "same greedy output"], _point_rows([p for p in held if p.concurrency != 1]))
 
-    out += ["## 3. Acceptance vs k, and the speed-up it allows", "",
-            "Limit = E_k = 1 + sum of per-position acceptance (a free draft). Step cost c(k) = E_k / measured "
-            "speed-up, in target steps. Model = E_k / (1 + s + k r): s, the fixed overhead of a speculative step, and "
-            "r, the cost of one draft token, both in target steps, fitted through the smallest and largest k "
-            "(bench/speedup_model.py); the k in between are predictions.", ""]
+def _by_concurrency(result: BenchResult) -> list[str]:
+    return ["## 2. Throughput by concurrency", "",
+            *_table(POINT_HEADER, _point_rows([p for p in _held_out(result) if p.concurrency != 1]))]
+
+
+def _acceptance(result: BenchResult) -> list[str]:
+    out = ["## 3. Acceptance vs k, and the speed-up it allows", "",
+           "Limit = E_k = 1 + sum of per-position acceptance (a free draft). Step cost c(k) = E_k / measured "
+           "speed-up, in target steps. Model = E_k / (1 + s + k r): s, the fixed overhead of a speculative step, and "
+           "r, the cost of one draft token, both in target steps, fitted through the smallest and largest k "
+           "(bench/speedup_model.py); the k in between are predictions.", ""]
     recs = {r.concurrency: r for r in result.recommendations}
     rows = []
-    for p in held:
+    for p in _held_out(result):
         if p.acceptance is None:
             continue
         k, rec = p.num_speculative_tokens, recs.get(p.concurrency)
@@ -113,49 +129,53 @@ def markdown(result: BenchResult) -> str:
                      _positions(p.acceptance.per_position), f"{limit:.2f}x", cost, model, _x(p.paired_speedup)])
     out += _table(["k", "conc.", "mean acc. length", "per-position acceptance", "limit", "step cost c(k)",
                    "model (own acceptance)", "measured"], rows)
-    out += _table(["conc.", "s (fixed, target steps)", "r (per draft token, target steps)", "fitted at k",
-                   "model with the largest k's acceptance, k = 1.."],
-                  [[str(r.concurrency), f"{r.cost.fixed:.2f}", f"{r.cost.per_draft_token:.3f}",
-                    ", ".join(map(str, r.cost.calibrated_at_k)),
-                    " / ".join(f"{v:.2f}x" for v in r.predicted_speedup_by_k.values())]
-                   for r in result.recommendations])
+    return out + _table(["conc.", "s (fixed, target steps)", "r (per draft token, target steps)", "fitted at k",
+                         "model with the largest k's acceptance, k = 1.."],
+                        [[str(r.concurrency), f"{r.cost.fixed:.2f}", f"{r.cost.per_draft_token:.3f}",
+                          ", ".join(map(str, r.cost.calibrated_at_k)),
+                          " / ".join(f"{v:.2f}x" for v in r.predicted_speedup_by_k.values())]
+                         for r in result.recommendations])
 
-    out += ["## 4. Overhead of the plugin's runtime checks", ""]
-    if result.checks:
-        out += _table(["k", "conc.", "checks on tok/s", "checks off tok/s", "cost", "noise band", "verdict"],
-                      [[str(c.num_speculative_tokens), str(c.concurrency), _s(c.checks_on_tokens_per_s),
-                        _s(c.checks_off_tokens_per_s), f"{c.cost_percent:+.2f}%", f"+/-{c.noise_band_percent:.2f}%",
-                        c.verdict] for c in result.checks])
-    else:
-        out += ["Not measured in this run (the quick mode skips it: it needs one more server start).", ""]
 
-    out += ["## 5. Cold start and memory", "",
-            "Process start to first token (a 1-token completion sent when /health first answers); peak RSS summed "
-            "over all the server's processes over its whole life (shared pages counted once per process).", ""]
-    out += _table(["server", "draft", "to /health s", "to first token s", "peak RSS GiB (all processes)",
-                   "largest processes, peak RSS GiB", "other servers up"],
-                  [[c.config, "yes" if c.draft else "no", f"{c.seconds_to_healthy:.1f}",
-                    f"{c.seconds_to_first_token:.1f}", f"{c.peak_rss_bytes / 2**30:.2f}" if c.peak_rss_bytes else "n/a",
-                    _largest(c.peak_rss_bytes_by_process),
-                    str(c.other_servers_running)] for c in result.cold_starts])
+def _checks(result: BenchResult) -> list[str]:
+    out = ["## 4. Overhead of the plugin's runtime checks", ""]
+    if not result.checks:
+        return [*out, "Not measured in this run (the quick mode skips it: it needs one more server start).", ""]
+    return out + _table(["k", "conc.", "checks on tok/s", "checks off tok/s", "cost", "noise band", "verdict"],
+                        [[str(c.num_speculative_tokens), str(c.concurrency), _s(c.checks_on_tokens_per_s),
+                          _s(c.checks_off_tokens_per_s), f"{c.cost_percent:+.2f}%",
+                          f"+/-{c.noise_band_percent:.2f}%", c.verdict] for c in result.checks])
 
-    out += ["## 6. Harness overhead (Locust at the highest concurrency)", ""]
+
+def _cold_starts(result: BenchResult) -> list[str]:
+    out = ["## 5. Cold start and memory", "",
+           "Process start to first token (a 1-token completion sent when /health first answers); peak RSS summed "
+           "over all the server's processes over its whole life (shared pages counted once per process).", ""]
+    return out + _table(["server", "draft", "to /health s", "to first token s", "peak RSS GiB (all processes)",
+                         "largest processes, peak RSS GiB", "other servers up"],
+                        [[c.config, "yes" if c.draft else "no", f"{c.seconds_to_healthy:.1f}",
+                          f"{c.seconds_to_first_token:.1f}",
+                          f"{c.peak_rss_bytes / 2**30:.2f}" if c.peak_rss_bytes else "n/a",
+                          _largest(c.peak_rss_bytes_by_process), str(c.other_servers_running)]
+                         for c in result.cold_starts])
+
+
+def _harness(result: BenchResult) -> list[str]:
+    out = ["## 6. Harness overhead (Locust at the highest concurrency)", ""]
     h = result.harness
-    if h:
-        lost = f"{h.tokens_per_s_lost_percent:+.1f}%" if h.tokens_per_s_lost_percent is not None else "n/a"
-        out += _table(["client", "conc.", "tok/s", "client CPU s / 1k tokens", "client CPU % of one core"],
-                      [["own (threads, non-streamed)", str(h.concurrency), _s(h.own_client_tokens_per_s),
-                        f"{h.own_client_cpu_s_per_1k_tokens:.3f}", f"{h.own_client_cpu_percent:.1f}"],
-                       ["Locust (kimi-eagle loadtest runner, non-streamed)", str(h.concurrency),
-                        f"{h.locust_tokens_per_s:.1f}" if h.locust_tokens_per_s else "n/a",
-                        f"{h.locust_cpu_s_per_1k_tokens:.3f}" if h.locust_cpu_s_per_1k_tokens else "n/a",
-                        f"{h.locust_cpu_percent:.1f}"]])
-        out += [f"Against {h.server}, one Locust run of {h.locust_wall_s:.0f}s (its CPU includes its own start-up). "
-                f"Locust's tokens/s vs the own client's median: {lost} lost; highest CPU of a Locust process seen "
-                f"by the load test itself: {h.locust_harness_cpu_percent_max}%; {h.locust_requests_ok} requests OK "
-                f"(results in `{h.locust_results}`).", ""]
+    if h is None:
+        return out
+    lost = f"{h.tokens_per_s_lost_percent:+.1f}%" if h.tokens_per_s_lost_percent is not None else "n/a"
+    out += _table(["client", "conc.", "tok/s", "client CPU s / 1k tokens", "client CPU % of one core"],
+                  [["own (threads, non-streamed)", str(h.concurrency), _s(h.own_client_tokens_per_s),
+                    f"{h.own_client_cpu_s_per_1k_tokens:.3f}", f"{h.own_client_cpu_percent:.1f}"],
+                   ["Locust (kimi-eagle loadtest runner, non-streamed)", str(h.concurrency),
+                    f"{h.locust_tokens_per_s:.1f}" if h.locust_tokens_per_s else "n/a",
+                    f"{h.locust_cpu_s_per_1k_tokens:.3f}" if h.locust_cpu_s_per_1k_tokens else "n/a",
+                    f"{h.locust_cpu_percent:.1f}"]])
+    return [*out, f"Against {h.server}, one Locust run of {h.locust_wall_s:.0f}s (its CPU includes its own " f"start-up). Locust's tokens/s vs the own client's median: {lost} lost; highest CPU of a Locust " f"process seen by the load test itself: {h.locust_harness_cpu_percent_max}%; " f"{h.locust_requests_ok} requests OK (results in `{h.locust_results}`).", ""]
 
-    out += ["## 7. Recommended num_speculative_tokens", "", "```", profile_setting(result.recommendations), "```", ""]
-    if result.notes:
-        out += ["## Notes", "", *(f"- {n}" for n in result.notes), ""]
-    return "\n".join(out)
+
+def _recommendation(result: BenchResult) -> list[str]:
+    out = ["## 7. Recommended num_speculative_tokens", "", "```", profile_setting(result.recommendations), "```", ""]
+    return out + (["## Notes", "", *(f"- {n}" for n in result.notes), ""] if result.notes else [])
