@@ -173,7 +173,10 @@ def _harness(result: BenchResult) -> list[str]:
                     f"{h.locust_tokens_per_s:.1f}" if h.locust_tokens_per_s else "n/a",
                     f"{h.locust_cpu_s_per_1k_tokens:.3f}" if h.locust_cpu_s_per_1k_tokens else "n/a",
                     f"{h.locust_cpu_percent:.1f}"]])
-    return [*out, f"Against {h.server}, one Locust run of {h.locust_wall_s:.0f}s (its CPU includes its own " f"start-up). Locust's tokens/s vs the own client's median: {lost} lost; highest CPU of a Locust " f"process seen by the load test itself: {h.locust_harness_cpu_percent_max}%; " f"{h.locust_requests_ok} requests OK (results in `{h.locust_results}`).", ""]
+    return [*out, f"Against {h.server}, one Locust run of {h.locust_wall_s:.0f}s (its CPU includes its own "
+                  f"start-up). Locust's tokens/s vs the own client's median: {lost} lost; highest CPU of a Locust "
+                  f"process seen by the load test itself: {h.locust_harness_cpu_percent_max}%; "
+                  f"{h.locust_requests_ok} requests OK (results in `{h.locust_results}`).", ""]
 
 
 def _recommendation(result: BenchResult) -> list[str]:
