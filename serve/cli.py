@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from kimi_eagle.serve.command import CommandError, build_command, validate_with_vllm
+from kimi_eagle.serve.command import CommandError, build_command
 from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
 from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
+from kimi_eagle.serve.validate import validate_with_vllm
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from kimi_eagle.cli import main
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
-from kimi_eagle.serve.command import CommandError, build_command, validate_with_vllm
+from kimi_eagle.serve.command import CommandError, build_command
 from kimi_eagle.serve.profile import PROFILES_DIR, Profile, available_profiles, load_profile
+from kimi_eagle.serve.validate import validate_with_vllm
 
 KIMI_PROFILES = [name for name in available_profiles() if name.startswith("kimi-k2.5-")]
 KIMI_TARGET, KIMI_DRAFT = "moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"
