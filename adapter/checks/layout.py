@@ -100,46 +100,64 @@ class DraftConfigError(ValueError):
     """A config that is not an EAGLE-3 draft config; the message says what it is and what is needed."""
 
 
-def draft_spec(config: dict) -> DraftSpec:
-    if "speculators_model_type" in config:
-        kind = config["speculators_model_type"]
-        if kind != "eagle3":
-            raise DraftConfigError(f"speculators_model_type is {kind!r}: this checks EAGLE-3 drafts ('eagle3') only")
-        layer = config.get("transformer_layer_config")
-        if not isinstance(layer, dict):
-            raise DraftConfigError("a speculators config needs a `transformer_layer_config` object (the draft "
-                                   "layer's Hugging Face config)")
-        fmt = "speculators"
+@dataclass
+class _Sections:
+    """Where a layout keeps each part of a draft config."""
+
+    format: str
+    layer: dict
+    eagle_config: dict
+    top_level_ids: list[int] | None
+    eagle_config_ids: list[int] | None
+    unread_ids: list[int] | None
+    declared_norm_before_residual: bool | None
+    norm_before_residual: bool
+    verifier: dict
+
+
+def _speculators_sections(config: dict) -> _Sections:
+    kind = config["speculators_model_type"]
+    if kind != "eagle3":
+        raise DraftConfigError(f"speculators_model_type is {kind!r}: this checks EAGLE-3 drafts ('eagle3') only")
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DraftConfigError("a speculators config needs a `transformer_layer_config` object (the draft "
+                               "layer's Hugging Face config)")
+    layer_eagle = layer.get("eagle_config") or {}
+    declared_nbr = config.get("norm_before_residual")
+    return _Sections(
+        format="speculators", layer=layer, eagle_config=layer_eagle,
         # vLLM copies only these fields from the top level (speculators/algos.py::update_eagle3).
-        top_ids = (_ids(config.get("eagle_aux_hidden_state_layer_ids"))
-                   or _ids(layer.get("eagle_aux_hidden_state_layer_ids")))
-        layer_eagle = layer.get("eagle_config") or {}
-        outer_eagle = config.get("eagle_config") or {}
-        eagle_ids = _ids(layer_eagle.get("eagle_aux_hidden_state_layer_ids"))
-        unread = _ids(outer_eagle.get("eagle_aux_hidden_state_layer_ids"))
-        declared_nbr = config.get("norm_before_residual")
-        nbr = True if declared_nbr is None else bool(declared_nbr)  # vLLM's default for speculators configs
-        options = config
-        eagle_config = layer_eagle
-        verifier = (config.get("speculators_config") or {}).get("verifier") or {}
-    else:
-        layer = config
-        fmt = "flat"
-        top_ids = _ids(config.get("eagle_aux_hidden_state_layer_ids"))
-        eagle_config = config.get("eagle_config") or {}
-        eagle_ids = _ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"))
-        unread = None
-        declared_nbr = config.get("norm_before_residual")
-        nbr = bool(declared_nbr)
-        options = config
-        verifier = {}
+        top_level_ids=(_ids(config.get("eagle_aux_hidden_state_layer_ids"))
+                       or _ids(layer.get("eagle_aux_hidden_state_layer_ids"))),
+        eagle_config_ids=_ids(layer_eagle.get("eagle_aux_hidden_state_layer_ids")),
+        unread_ids=_ids((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")),
+        declared_norm_before_residual=declared_nbr,
+        norm_before_residual=True if declared_nbr is None else bool(declared_nbr),  # vLLM's default here
+        verifier=(config.get("speculators_config") or {}).get("verifier") or {})
+
+
+def _flat_sections(config: dict) -> _Sections:
+    eagle_config = config.get("eagle_config") or {}
+    declared_nbr = config.get("norm_before_residual")
+    return _Sections(
+        format="flat", layer=config, eagle_config=eagle_config,
+        top_level_ids=_ids(config.get("eagle_aux_hidden_state_layer_ids")),
+        eagle_config_ids=_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids")), unread_ids=None,
+        declared_norm_before_residual=declared_nbr, norm_before_residual=bool(declared_nbr), verifier={})
+
+
+def draft_spec(config: dict) -> DraftSpec:
+    """Any draft config (speculators or flat) as the engines read it."""
+    where = _speculators_sections(config) if "speculators_model_type" in config else _flat_sections(config)
+    layer, eagle_config = where.layer, where.eagle_config
     missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size") if k not in layer]
     if missing:
         raise DraftConfigError(f"the draft layer config lacks {', '.join(missing)}")
     heads = int(layer["num_attention_heads"])
     hidden = int(layer["hidden_size"])
     return DraftSpec(
-        format=fmt,
+        format=where.format,
         model_type=str(layer.get("model_type", "llama")),
         architectures=list(config.get("architectures") or []),
         hidden_size=hidden,
@@ -149,24 +167,24 @@ def draft_spec(config: dict) -> DraftSpec:
         head_dim=int(layer.get("head_dim") or hidden // heads),
         intermediate_size=int(layer["intermediate_size"]),
         vocab_size=int(layer["vocab_size"]),
-        declared_draft_vocab_size=options.get("draft_vocab_size"),
-        declared_target_hidden_size=options.get("target_hidden_size"),
-        declared_norm_before_residual=declared_nbr,
-        norm_before_residual=nbr,
-        norm_before_fc=bool(eagle_config.get("norm_before_fc", options.get("norm_before_fc", False))),
-        fc_norm=bool(options.get("fc_norm", False)),
-        norm_output=bool(options.get("norm_output", False)),
+        declared_draft_vocab_size=config.get("draft_vocab_size"),
+        declared_target_hidden_size=config.get("target_hidden_size"),
+        declared_norm_before_residual=where.declared_norm_before_residual,
+        norm_before_residual=where.norm_before_residual,
+        norm_before_fc=bool(eagle_config.get("norm_before_fc", config.get("norm_before_fc", False))),
+        fc_norm=bool(config.get("fc_norm", False)),
+        norm_output=bool(config.get("norm_output", False)),
         attention_bias=bool(layer.get("attention_bias", False)),
         mlp_bias=bool(layer.get("mlp_bias", False)),
         tie_word_embeddings=bool(layer.get("tie_word_embeddings", False)),
         use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
-        embed_requires_grad=options.get("embed_requires_grad"),
-        top_level_ids=top_ids,
-        eagle_config_ids=eagle_ids,
-        unread_ids=unread,
+        embed_requires_grad=config.get("embed_requires_grad"),
+        top_level_ids=where.top_level_ids,
+        eagle_config_ids=where.eagle_config_ids,
+        unread_ids=where.unread_ids,
         num_aux_hidden_states=layer.get("num_aux_hidden_states"),
-        verifier_architectures=list(verifier.get("architectures") or []),
-        verifier_name=verifier.get("name_or_path"),
+        verifier_architectures=list(where.verifier.get("architectures") or []),
+        verifier_name=where.verifier.get("name_or_path"),
         layer_config=dict(layer),
         dtype=config.get("dtype") or config.get("torch_dtype"),
     )
