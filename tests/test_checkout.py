@@ -41,6 +41,14 @@ def test_the_sglang_recordings_the_tests_read_are_in_the_checkout() -> None:
     assert index in tracked_files(), "the recordings must be committed, not only present here"
 
 
+def test_every_data_file_the_tests_read_is_committed() -> None:
+    """A file a .gitignore pattern catches (`*.log`) is there in the checkout it was written in, and nowhere else."""
+    data = ROOT / "tests" / "data"
+    tracked = set(tracked_files())
+    untracked = [str(p.relative_to(ROOT)) for p in data.rglob("*") if p.is_file() and p not in tracked]
+    assert not untracked, f"not committed (ignored?): {untracked}"
+
+
 def test_everything_is_imported_under_the_one_installed_package() -> None:
     """`pip install -e .` installs `kimi_eagle` alone (adapter/, serve/, ... are its subpackages): a bare `import serve`
     works only from the checkout's root, where the tests run, and nowhere vLLM's processes do."""

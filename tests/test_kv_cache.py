@@ -20,7 +20,7 @@ from kimi_eagle.serve.server_log import describe_failure, root_cause
 from kimi_eagle.serve.sizing import DraftShape, TargetShape, size_deployment
 
 FP32_BYTES = 4
-RECORDED_FAILURE = Path(__file__).parent / "data" / "vllm-0.32-cpu-start-failure.log"
+RECORDED_FAILURE = Path(__file__).parent / "data" / "vllm-0.32-cpu-start-failure.txt"
 
 
 def test_the_tiny_profile_asks_for_its_kv_cache_in_bytes_not_as_a_share_of_the_host() -> None:
