@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from kimi_eagle.cli import fail
+
 RESULTS_DIR = Path("bench") / "results"
 
 
@@ -37,10 +39,6 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _fail(message: str) -> int:
-    print(f"kimi-eagle bench: {message}", file=sys.stderr)
-    return 2
-
 
 def _command_line(args: argparse.Namespace) -> str:
     """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
@@ -66,7 +64,7 @@ def _rewrite_report(path: Path) -> int:
         data["recommendations"] = []
         result = BenchResult.model_validate(data)
     except (OSError, ValueError, TypeError) as exc:  # json's and pydantic's errors are ValueErrors
-        return _fail(f"{path} is not a results file of `kimi-eagle bench`: {exc}")
+        return fail("bench", f"{path} is not a results file of `kimi-eagle bench`: {exc}")
     result.recommendations, _ = recommendations(result.throughput)
     write_model(path, result)
     write_atomic(path.with_suffix(".md"), markdown(result))
@@ -94,16 +92,16 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.report:
         return _rewrite_report(args.report)
     if args.passthrough:
-        return _fail("bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
+        return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
     plan = QUICK if args.quick else FULL
     try:
         profile = load_profile(args.profile)
         if not (args.draft or profile.draft):
-            return _fail(f"profile {profile.name} has no draft: give --draft DIR")
+            return fail("bench", f"profile {profile.name} has no draft: give --draft DIR")
         prompts_file = args.prompts or HELDOUT_PROMPTS_FILE
         prompts = load_prompts(prompts_file)
     except (ProfileError, BenchError) as exc:
-        return _fail(str(exc))
+        return fail("bench", str(exc))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
@@ -114,7 +112,7 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         result = bench.run()
     except (ServerStartError, BenchRequestError, CommandError, BenchError) as exc:
-        return _fail(str(exc))
+        return fail("bench", str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)
     json_path = write_model(args.out / f"{name}.json", result)

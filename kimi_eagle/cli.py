@@ -12,6 +12,15 @@ SUBCOMMAND_MODULES = ("kimi_eagle.serve.cli", "kimi_eagle.doctor.cli", "kimi_eag
 SECRET_VALUE_OPTIONS = ("--api-key",)
 
 
+EXIT_REFUSED = 2  # bad input or a refused start: the message says what and how to fix it (argparse's own code)
+
+
+def fail(command: str, message: str) -> int:
+    """One line on stderr that names the subcommand and the problem; returns the exit status to give."""
+    print(f"kimi-eagle {command}: {message}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kimi-eagle", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

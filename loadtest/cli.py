@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from kimi_eagle.cli import fail
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.engines import ENGINES, EngineError, get_engine
 from kimi_eagle.loadtest.prompts import PromptError, load_prompts
@@ -66,10 +67,6 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-requests", type=int, help="stop sending after this many requests")
     g.add_argument("--workers", type=int, default=0, help="Locust distributed mode: a master and N workers")
 
-
-def _fail(command: str, message: str) -> int:
-    print(f"kimi-eagle {command}: {message}", file=sys.stderr)
-    return 2
 
 
 def _workload(args: argparse.Namespace, url: str, engine: str, rate: float | None) -> Workload:
@@ -135,13 +132,13 @@ def _run_loadtest(args: argparse.Namespace) -> int:
         users = _numbers(args.users, int)
         rates = _numbers(args.request_rate, float) or [None]
         if len(users) > 1 and rates != [None]:
-            return _fail("loadtest", "sweep either --users or --request-rate, not both")
+            return fail("loadtest", "sweep either --users or --request-rate, not both")
         if args.url is None:
             args.url = default_server_url()
             print(f"kimi-eagle loadtest: no --url: using {args.url}, where `make serve` listens", file=sys.stderr)
         workload = _workload(args, args.url, args.engine, None)
     except (ValueError, PromptError, EngineError, ValidationError) as exc:
-        return _fail("loadtest", str(exc))
+        return fail("loadtest", str(exc))
     points = [(u, None) for u in users] if rates == [None] else [(users[0], r) for r in rates]
     summaries: list[RunSummary] = []
     folders: list[str] = []
@@ -156,7 +153,7 @@ def _run_loadtest(args: argparse.Namespace) -> int:
             try:
                 code, summary = run_locust(run)
             except LoadTestError as exc:
-                return _fail("loadtest", str(exc))
+                return fail("loadtest", str(exc))
             except LoadTestInterrupted as exc:
                 if exc.summary is not None:  # an interrupted point is kept, marked so in its summary
                     summaries.append(exc.summary)
@@ -200,7 +197,7 @@ def run_ab(args: argparse.Namespace) -> int:
 
 def _run_ab(args: argparse.Namespace) -> int:
     if args.rounds < 1:
-        return _fail("ab", "--rounds must be at least 1 (2 or more for verdicts)")
+        return fail("ab", "--rounds must be at least 1 (2 or more for verdicts)")
     out = args.out or Path("results") / time.strftime("ab-%Y%m%d-%H%M%S")
     rounds: dict[str, list[RunSummary]] = {"A": [], "B": []}
     folders: dict[str, list[str]] = {"A": [], "B": []}
@@ -215,7 +212,7 @@ def _run_ab(args: argparse.Namespace) -> int:
             rounds[side] = [serve_bench.as_run_summary(r, engine, recorded) for r in results]
             folders[side] = [f"{recorded} (run {i + 1})" for i in range(len(results))]
     except (ValueError, PromptError, EngineError, ValidationError) as exc:
-        return _fail("ab", str(exc))
+        return fail("ab", str(exc))
     worst = 0
     try:
         for r in range(1, args.rounds + 1):
@@ -227,7 +224,7 @@ def _run_ab(args: argparse.Namespace) -> int:
                 try:
                     code, summary = run_locust(run)
                 except LoadTestError as exc:
-                    return _fail("ab", f"{side} round {r}: {exc}")
+                    return fail("ab", f"{side} round {r}: {exc}")
                 rounds[side].append(summary)
                 folders[side].append(folder)
                 worst = max(worst, code)

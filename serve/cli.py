@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kimi_eagle.cli import fail
 from kimi_eagle.serve.command import CommandError, build_command
 from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
 from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
@@ -17,16 +18,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_fixtures_parser(sub)
 
 
+def add_pair_options(p: argparse.ArgumentParser) -> None:
+    """The profile, and what may override its pair: the options every command that starts a server takes."""
+    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE,
+                   help=f"profile name ({', '.join(available_profiles())}) or a YAML path")
+    p.add_argument("--target", help="target checkpoint folder or hub name (overrides the profile)")
+    p.add_argument("--draft", help="EAGLE-3 draft folder (overrides the profile)")
+    p.add_argument("--no-draft", action="store_true", help="the target alone, without speculation")
+    p.add_argument("--num-speculative-tokens", "-k", type=int, help="draft tokens per step (overrides the profile)")
+
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a profile with vLLM's OpenAI-compatible server",
                        description="Serve target + EAGLE-3 draft from a profile. Anything after `--` goes to vLLM "
                                    "unchanged and overrides the profile's flags.")
-    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE,
-                   help=f"profile name ({', '.join(available_profiles())}) or a YAML path")
-    p.add_argument("--target", help="target checkpoint folder (overrides the profile)")
-    p.add_argument("--draft", help="EAGLE-3 draft folder (overrides the profile)")
-    p.add_argument("--no-draft", action="store_true", help="serve the target alone, without speculation")
-    p.add_argument("--num-speculative-tokens", "-k", type=int, help="draft tokens per step (overrides the profile)")
+    add_pair_options(p)
     p.add_argument("--host", help="address to bind (default 127.0.0.1; others need an API key)")
     p.add_argument("--port", type=int, help="port (default from the profile)")
     p.add_argument("--api-key", help="require this key from clients; prefer VLLM_API_KEY=KEY in the environment "
@@ -37,10 +43,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_serve)
 
 
-def _fail(message: str) -> int:
-    print(f"kimi-eagle serve: {message}", file=sys.stderr)
-    return 2
-
 
 def run_serve(args: argparse.Namespace) -> int:
     extra = args.passthrough
@@ -50,17 +52,17 @@ def run_serve(args: argparse.Namespace) -> int:
                                 num_speculative_tokens=args.num_speculative_tokens, host=args.host,
                                 port=args.port, api_key=args.api_key, extra_args=extra)
     except (ProfileError, CommandError) as exc:
-        return _fail(str(exc))
+        return fail("serve", str(exc))
     from kimi_eagle.serve.preflight import preflight
 
     # The files first: seconds, where vLLM's config classes take tens of seconds to import and build.
     if not preflight(command):
-        return _fail("pre-flight found problems that would make the served pair fail or run crippled (above); "
+        return fail("serve", "pre-flight found problems that would make the served pair fail or run crippled (above); "
                      "fix them, or run `kimi-eagle doctor` for the full report")
     try:
         report = validate_with_vllm(command)
     except CommandError as exc:
-        return _fail(str(exc))
+        return fail("serve", str(exc))
     if args.dry_run:
         print(report.render(), file=sys.stderr)  # stdout keeps only the command, for scripts
         print(command.printable())
@@ -69,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         return serve_in_foreground(command, "vLLM", args.ready_timeout, ready_note=note)
     except ServerStartError as exc:
-        return _fail(str(exc))
+        return fail("serve", str(exc))
 
 
 def add_fixtures_parser(sub: argparse._SubParsersAction) -> None:

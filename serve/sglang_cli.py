@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kimi_eagle.cli import fail
+from kimi_eagle.serve.cli import add_pair_options
 from kimi_eagle.serve.command import ServeCommand
-from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
+from kimi_eagle.serve.profile import ProfileError, load_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,12 +25,7 @@ def add_sglang_parser(sub: argparse._SubParsersAction) -> None:
                     "profile: EAGLE3 with k steps, top-k 1, k+1 draft tokens, metrics on. A speculators draft gets "
                     "a view SGLang can read: a sibling folder with a flat config and links to the original weights. "
                     "Anything after `--` goes to SGLang unchanged.")
-    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE,
-                   help=f"profile name ({', '.join(available_profiles())}) or a YAML path")
-    p.add_argument("--target", help="target checkpoint folder or hub name (overrides the profile)")
-    p.add_argument("--draft", help="EAGLE-3 draft folder (overrides the profile)")
-    p.add_argument("--no-draft", action="store_true", help="the target alone, without speculation")
-    p.add_argument("--num-speculative-tokens", "-k", type=int, help="draft tokens per step (overrides the profile)")
+    add_pair_options(p)
     p.add_argument("--out", type=Path, help="where to write the draft view (default: <draft>-sglang beside it)")
     p.add_argument("--host", help="address to bind (default the profile's; others need an API key)")
     p.add_argument("--port", type=int, help="port (default 30000, SGLang's own)")
@@ -39,24 +36,20 @@ def add_sglang_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_sglang_command)
 
 
-def _fail(message: str) -> int:
-    print(f"kimi-eagle sglang-command: {message}", file=sys.stderr)
-    return 2
-
 
 def run_sglang_command(args: argparse.Namespace) -> int:
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.sglang import ViewError, build_sglang_command
 
     if args.num_speculative_tokens is not None and args.num_speculative_tokens < 1:
-        return _fail("--num-speculative-tokens must be at least 1")
+        return fail("sglang-command", "--num-speculative-tokens must be at least 1")
     try:
         plan = build_sglang_command(
             load_profile(args.profile), target=args.target, draft=args.draft, no_draft=args.no_draft,
             num_speculative_tokens=args.num_speculative_tokens, host=args.host, port=args.port,
             api_key=args.api_key, out=args.out, python=args.python, extra_args=args.passthrough)
     except (ProfileError, CommandError, ViewError) as exc:
-        return _fail(str(exc))
+        return fail("sglang-command", str(exc))
     for note in plan.view.notes if plan.view else []:
         print(f"note: {note}", file=sys.stderr)
     for flag, why in plan.dropped_flags.items():
@@ -72,8 +65,8 @@ def _launch(command: ServeCommand, ready_timeout: float) -> int:
 
     python = command.argv[0]
     if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode != 0:
-        return _fail(f"{python} cannot import sglang: give --python /path/to/an-sglang-env/bin/python")
+        return fail("sglang-command", f"{python} cannot import sglang: give --python /path/to/an-sglang-env/bin/python")
     try:
         return serve_in_foreground(command, "SGLang", ready_timeout)
     except ServerStartError as exc:
-        return _fail(str(exc))
+        return fail("sglang-command", str(exc))
