@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,12 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
+from tests.helpers.server import Server
 
 # Real responses of a real SGLang 0.5.23 server (its README says how they were recorded), carried by the project.
 RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
 
 
-@dataclass(frozen=True)
-class Server:
-    url: str  # http://127.0.0.1:PORT, without /v1
-    model: str
-    log: Path
-    ready_s: float
 
 
 def _serve(tmp_dir: Path, name: str, **overrides) -> Iterator[Server]:

@@ -1,0 +1,81 @@
+"""`kimi-eagle bench --quick` for real: two vLLM servers, real requests, real Locust, real files. It proves the
+benchmark still runs end to end and that its figures hang together; it asserts nothing about speed."""
+
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kimi_eagle.bench.plan import QUICK
+from kimi_eagle.bench.result import BenchResult
+from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.loadtest import serve_bench
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
+    for needed in (TARGET_DIR, DRAFT_DIR, HELDOUT_PROMPTS_FILE):
+        if not needed.exists():
+            pytest.fail(f"{needed} is missing: build the tiny pair first (`kimi-eagle fixtures --rebuild`)")
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [json_path] = tmp_path.glob("quick-*.json")
+    result = BenchResult.model_validate_json(json_path.read_text())
+    assert result.command == f"kimi-eagle bench --quick --out {tmp_path}"
+    assert result.machine.cpus >= 1 and result.machine.cpu_model
+
+    held = {p.concurrency: p for p in result.throughput if p.workload == "held-out"}
+    assert sorted(held) == QUICK.concurrency
+    for p in [*held.values(), *(p for p in result.throughput if p.workload == "ceiling")]:
+        assert p.num_speculative_tokens == 3
+        assert p.plain_tokens_per_s.n == p.spec_tokens_per_s.n == QUICK.repeats
+        assert p.plain_tokens_per_s.min > 0 and p.spec_tokens_per_s.min > 0
+        acc = p.acceptance
+        assert acc is not None and acc.verify_steps > 0 and len(acc.per_position) == 3
+        assert acc.mean_acceptance_length == pytest.approx(1 + sum(acc.per_position), abs=1e-6)
+        # A chain stops at its first rejection: position j+1 is never accepted more often than position j.
+        assert all(a >= b - 1e-9 for a, b in zip(acc.per_position, acc.per_position[1:]))
+    # Greedy float32 with the trained draft gives the target's own output, token for token.
+    same, compared = held[1].identical_outputs
+    assert compared == QUICK.requests_per_sample and same == compared
+
+    starts = {c.config: c for c in result.cold_starts}
+    assert set(starts) == {"plain", "spec-k3"}
+    assert not starts["plain"].draft and starts["spec-k3"].draft
+    for c in starts.values():
+        assert 0 < c.seconds_to_healthy <= c.seconds_to_first_token
+        # API server, engine core and worker at least; each holds some hundreds of MB.
+        assert len(c.peak_rss_bytes_by_process) >= 2 and c.peak_rss_bytes > 500 * 2**20
+
+    assert result.checks == []  # quick mode skips the checks-off server
+    h = result.harness
+    assert h is not None and h.concurrency == max(QUICK.concurrency)
+    assert h.locust_requests_ok and h.locust_tokens_per_s and h.locust_cpu_s_per_1k_tokens
+    assert sorted(r.concurrency for r in result.recommendations) == QUICK.concurrency
+    for r in result.recommendations:
+        assert r.cost.calibrated_at_k == [3] and r.acceptance_from_k == 3
+        assert set(r.predicted_speedup_by_k) == {1, 2, 3}
+        # One measured k calibrates the model: there it reproduces the measurement.
+        assert r.predicted_speedup_by_k[3] == pytest.approx(r.measured_speedup_by_k[3])
+
+    # Each point and side also as a `vllm bench serve --append-result` line, read back by the A/B's reader.
+    vllm_form = serve_bench.read(json_path.with_suffix(".vllm_bench_serve.jsonl"))
+    assert len(vllm_form) == 2 * len(result.throughput)
+    plain, spec = (next(r for r in vllm_form if r.label == f"held-out c=1 {side}") for side in ("plain", "spec k=3"))
+    assert plain.completed == spec.completed == QUICK.repeats * QUICK.requests_per_sample
+    assert plain.total_output_tokens == plain.completed * QUICK.max_tokens and plain.mean_ttft_ms is None
+    assert plain.spec_decode_num_drafts is None and spec.spec_decode_num_drafts == held[1].acceptance.verify_steps
+    assert spec.output_throughput == pytest.approx(spec.total_output_tokens / spec.duration)
+    assert spec.mean_e2el_ms and spec.mean_e2el_ms > 0
+
+    report = json_path.with_suffix(".md").read_text()
+    assert "## 7. Recommended num_speculative_tokens" in report and result.command in report
+    assert "Profile setting to use" in done.stdout and "concurrency   1:" in done.stdout
+

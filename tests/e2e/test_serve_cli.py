@@ -1,0 +1,40 @@
+"""`kimi-eagle serve` as a user runs it, through to a running server and its stop."""
+
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from kimi_eagle.processes import free_port
+from tests.helpers.cli import CLI
+from tests.helpers.terminal import ctrl_c_as_in_a_terminal
+
+
+@pytest.mark.e2e
+def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) -> None:
+    port = free_port()
+    # vLLM's own log shares the CLI's stdout; stderr goes to a file so that no pipe fills up and blocks anyone.
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("w") as err:
+        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True,
+                                   preexec_fn=ctrl_c_as_in_a_terminal)
+    try:
+        ready_line = next((line for line in process.stdout if line.startswith("Ready in")), "")
+        assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, stderr.read_text()[-3000:]
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert children, "the vLLM server should be running under the CLI"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+            assert time.monotonic() < deadline, "vLLM processes left running after Ctrl-C"
+            time.sleep(0.5)
+    finally:
+        if process.poll() is None:
+            process.kill()
+

@@ -1,0 +1,156 @@
+"""The vLLM plugin: registered by entry point, idempotent, and each CPU fix proven against upstream's behaviour on
+vLLM's own classes."""
+
+
+from __future__ import annotations
+
+import importlib.metadata
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+def test_plugin_is_a_vllm_general_plugin() -> None:
+    names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert names.get("kimi_eagle") == "kimi_eagle.adapter.plugin:register"
+
+
+def test_register_twice_is_harmless() -> None:
+    from kimi_eagle.adapter import plugin
+
+    plugin.register()
+    plugin.register()
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    assert 16 in CPUAttentionBackend.get_supported_kernel_block_sizes()
+
+
+def _expand_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    temperatures = torch.tensor([0.8, 0.5, 1.0], dtype=torch.float32)
+    cu_num_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)
+    return temperatures, cu_num_tokens, torch.full((6,), -123.0)
+
+
+def test_upstream_cpu_expand_still_loses_its_output() -> None:
+    """Why the patch exists. If this starts failing, upstream fixed issue 55005: drop `enable_correct_expand`."""
+    import vllm._C  # noqa: F401 - registers torch.ops._C
+
+    from kimi_eagle.adapter.cpu_fixes import upstream_expand_kernel
+
+    upstream = upstream_expand_kernel()
+    temperatures, cu, out = _expand_inputs()
+    upstream(out, temperatures, cu, 0, 1)
+    assert torch.all(out == -123.0)
+
+
+def test_fixed_expand_writes_every_token_in_its_dtype() -> None:
+    from kimi_eagle.adapter.cpu_fixes import expand_kernel
+
+    temperatures, cu, out = _expand_inputs()
+    expand_kernel(out, temperatures, cu, 0.5, 0.7)
+    assert out.tolist() == pytest.approx([0.8, 0.8, 0.7, 0.7, 0.7, 1.0])
+    top_k = torch.zeros(6, dtype=torch.int32)
+    expand_kernel(top_k, torch.tensor([5, 0, 9], dtype=torch.int32), cu, 0, 4096)
+    assert top_k.tolist() == [5, 5, 4096, 4096, 4096, 9]
+
+
+def test_upstream_cpu_mla_still_sends_verification_to_its_prefill_path() -> None:
+    """Why the override exists. If this fails, upstream CPU_MLA verifies draft tokens as decodes: drop
+    `verify_draft_tokens_on_the_mla_decode_kernel`."""
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+    assert CPUMLABackend.get_builder_cls().query_len_support == QueryLenSupport.SINGLE_ONLY
+
+
+def test_plugin_points_cpu_mla_at_the_spec_decode_backend() -> None:
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from kimi_eagle.adapter import plugin
+
+    plugin.register()
+    backend = AttentionBackendEnum.CPU_MLA.get_class()
+    assert backend.get_name() == "CPU_MLA"  # the platform's checks and the profile's flag still match it
+    assert backend.get_builder_cls().query_len_support == QueryLenSupport.UNIFORM
+
+
+def _causal_reference(q: torch.Tensor, cache: torch.Tensor, blocks: list[int], extent: int) -> torch.Tensor:
+    kv = torch.cat([cache[b] for b in blocks])[:extent]
+    return torch.softmax(q @ kv.T * 0.1, dim=-1) @ kv[:, :512]
+
+
+@pytest.mark.parametrize("query_len", [1, 2, 4])
+def test_cpu_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_len: int) -> None:
+    """vLLM's own CPU kernel, fed one row per query token: row t of a request attends the context and block
+    tokens 0..t, exactly what the prefill path computed for verification."""
+    from vllm import _custom_ops as ops
+
+    from kimi_eagle.adapter.cpu_mla_spec_decode import decode_rows
+
+    torch.manual_seed(0)
+    heads, cache = 4, torch.randn(12, 16, 576)  # 12 blocks of 16 latent (512) + rope (64) entries
+    block_table = torch.tensor([[3, 7, 1, 0], [5, 2, 9, 11]], dtype=torch.int32)
+    seq_lens = torch.tensor([37, 50], dtype=torch.int32)  # context + the block's own tokens, across blocks
+    q = torch.randn(2 * query_len, heads, 576)
+    rows, extents = decode_rows(block_table, seq_lens, q.shape[0])
+    assert extents.tolist() == [n - query_len + 1 + t for n in (37, 50) for t in range(query_len)]
+    out = torch.zeros(2 * query_len, heads, 512)
+    ops.mla_decode_kvcache_cpu(out, q, cache, 0.1, rows.to(torch.int32), extents.to(torch.int32))
+    for row in range(q.shape[0]):
+        expected = _causal_reference(q[row], cache, rows[row].tolist(), int(extents[row]))
+        torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_decode_rows_refuses_a_non_uniform_block() -> None:
+    from kimi_eagle.adapter.cpu_mla_spec_decode import decode_rows
+
+    with pytest.raises(ValueError, match="non-uniform decode block: 7 query rows over 2 requests"):
+        decode_rows(torch.zeros(2, 4, dtype=torch.int32), torch.tensor([10, 20]), 7)
+
+
+def _draft_head(target_hidden: int, draft_hidden: int, num_aux: int) -> torch.nn.Module:
+    """The attributes vLLM's `Eagle3LlamaForCausalLM.combine_hidden_states` reads, around a real `fc`; the method
+    itself is vLLM's own, so the test runs upstream code on both sides of our first-step check. (Imported here, not
+    at the top: importing vLLM's model modules must not happen before the plugin tests choose their order.)"""
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    class DraftHead(torch.nn.Module):
+        combine_hidden_states = Eagle3LlamaForCausalLM.combine_hidden_states
+
+    head = DraftHead()
+    head.config = SimpleNamespace(hidden_size=draft_hidden)
+    head.model = torch.nn.Module()
+    head.model.fc = torch.nn.Linear(num_aux * target_hidden, draft_hidden, bias=False)
+    head.model.use_aux_hidden_state, head.model.norm_before_fc, head.model.fc_norm = True, False, None
+    return head
+
+
+def test_first_step_check_runs_once_then_leaves_vllms_method_in_place() -> None:
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    from kimi_eagle.adapter.draft_guard import check_first_step_width
+
+    ids, hidden = (2, 4, 6), 256
+    draft = _draft_head(hidden, hidden, len(ids))
+    check_first_step_width(draft, ids, hidden)
+    assert "combine_hidden_states" in vars(draft)  # armed for the first step only
+    out = draft.combine_hidden_states(torch.randn(5, 3 * hidden))
+    assert out.shape == (5, hidden)
+    # After the first step the hot path is vLLM's method itself: no wrapper, no branch, nothing to cost.
+    assert "combine_hidden_states" not in vars(draft)
+    assert draft.combine_hidden_states.__func__ is Eagle3LlamaForCausalLM.combine_hidden_states
+
+
+def test_first_step_check_names_both_widths_and_the_ids() -> None:
+    from kimi_eagle.adapter.draft_guard import DraftRefusedError, check_first_step_width
+
+    ids, hidden = (2, 4, 6), 256
+    draft = _draft_head(hidden, hidden, len(ids))
+    check_first_step_width(draft, ids, hidden)
+    with pytest.raises(DraftRefusedError) as refusal:
+        draft.combine_hidden_states(torch.randn(5, hidden))  # one layer, as in the SGLang Kimi-K2.5 failure
+    message = str(refusal.value)
+    assert "768 = 3 aux layers [2, 4, 6] x hidden 256" in message and "sent 256 (1 layer(s))" in message
+

@@ -1,0 +1,133 @@
+"""Every profile, checked with vLLM's own parser and config classes, as `serve --dry-run` does."""
+
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+
+import pytest
+
+from kimi_eagle.cli import main
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.serve.command import CommandError, build_command
+from kimi_eagle.serve.profile import PROFILES_DIR, Profile, available_profiles, load_profile
+from kimi_eagle.serve.validate import validate_with_vllm
+
+KIMI_PROFILES = [name for name in available_profiles() if name.startswith("kimi-k2.5-")]
+
+
+KIMI_TARGET, KIMI_DRAFT = "moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"
+
+
+def _profile(name: str) -> Profile:
+    # By path: a name with a dot ("k2.5") is taken for a file name by load_profile (see the report).
+    return load_profile(str(PROFILES_DIR / f"{name}.yaml"))
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_the_production_profiles_exist() -> None:
+    assert set(KIMI_PROFILES) == {"kimi-k2.5-h200x8", "kimi-k2.5-text-h200x8", "kimi-k2.5-2node-ray"}
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_every_profile_passes_vllms_config_classes(name: str) -> None:
+    profile = _profile(name)
+    assert profile.needs.strip()
+    report = validate_with_vllm(build_command(profile))
+    assert any(line.startswith("the engine config vLLM starts from") for line in report.checked), report.render()
+    assert any("only a GPU run shows" in line for line in report.not_checked)
+
+
+@pytest.mark.parametrize("name", KIMI_PROFILES)
+def test_kimi_profiles_carry_the_published_recipe(name: str) -> None:
+    command = build_command(_profile(name))
+    argv = command.argv
+    assert _flag(argv, "--model") == KIMI_TARGET and "--trust-remote-code" in argv
+    assert _flag(argv, "--tool-call-parser") == "kimi_k2" and _flag(argv, "--reasoning-parser") == "kimi_k2"
+    assert "--enable-auto-tool-choice" in argv
+    spec = json.loads(_flag(argv, "--speculative-config"))
+    assert spec == {"model": KIMI_DRAFT, "method": "eagle3", "num_speculative_tokens": 3}
+    multimodal = "--language-model-only" not in argv
+    assert (_flag(argv, "--mm-encoder-tp-mode") == "data") if multimodal else ("--mm-encoder-tp-mode" not in argv)
+
+
+def test_each_kimi_variant_is_what_its_name_says() -> None:
+    one_node = build_command(_profile("kimi-k2.5-h200x8")).argv
+    text = build_command(_profile("kimi-k2.5-text-h200x8")).argv
+    two_nodes = build_command(_profile("kimi-k2.5-2node-ray")).argv
+    assert _flag(one_node, "--tensor-parallel-size") == "8" and "--language-model-only" not in one_node
+    assert _flag(text, "--tensor-parallel-size") == "8" and "--language-model-only" in text
+    assert _flag(two_nodes, "--tensor-parallel-size") == "16"
+    assert _flag(two_nodes, "--distributed-executor-backend") == "ray"
+    assert "--pipeline-parallel-size" not in two_nodes
+
+
+def test_published_checkpoints_are_validated_through_stand_ins() -> None:
+    report = validate_with_vllm(build_command(_profile("kimi-k2.5-h200x8")))
+    checked = "\n".join(report.checked)
+    assert f"the target {KIMI_TARGET} through a config-only stand-in" in checked
+    assert f"the draft {KIMI_DRAFT} through a config-only stand-in" in checked
+    assert "KimiK25ForConditionalGeneration, compressed-tensors" in checked
+    assert "TP 8" in checked and "eagle3, 3 tokens, draft LlamaForCausalLMEagle3" in checked
+    assert any("own tokenizer" in line for line in report.not_checked)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed: the real backend is built")
+def test_ray_profile_says_the_cluster_was_not_checked() -> None:
+    report = validate_with_vllm(build_command(_profile("kimi-k2.5-2node-ray")))
+    assert "TP 16" in "\n".join(report.checked)
+    assert any(line.startswith("the Ray cluster: Ray is not installed here") for line in report.not_checked)
+
+
+@pytest.mark.parametrize(("extra", "reason"), [
+    (["--tensor-parallel-size", "7"], "must be divisible by tensor parallel size"),
+    (["--pipeline-parallel-size", "2"], "loses the aux hidden states"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--max-model-len", "999999999"], "max_model_len"),
+    (["--tool-call-parser", ""], "--enable-auto-tool-choice requires --tool-call-parser"),
+])
+def test_impossible_settings_fail_before_any_loading(extra: list[str], reason: str) -> None:
+    command = build_command(_profile("kimi-k2.5-h200x8"), extra_args=extra)
+    with pytest.raises(CommandError, match=reason) as caught:
+        validate_with_vllm(command)
+    assert "usage:" not in str(caught.value) and "kimi-eagle-stand-in" not in str(caught.value)
+
+
+def test_validation_leaves_the_environment_alone() -> None:
+    before = dict(os.environ)
+    validate_with_vllm(build_command(load_profile("tiny-cpu")))
+    assert dict(os.environ) == before  # vLLM's CPU platform writes worker settings while building the config
+
+
+def test_serve_dry_run_prints_the_validated_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "tiny-cpu", "--dry-run"]) == 0, capsys.readouterr().err
+    words = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert _flag(words, "--model") == str(TARGET_DIR)
+    assert json.loads(_flag(words, "--speculative-config"))["model"] == str(DRAFT_DIR)
+
+
+@pytest.mark.parametrize("name", KIMI_PROFILES)
+def test_serve_dry_run_of_each_production_profile_by_name(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exactly what a user types on the GPU host before downloading anything."""
+    assert main(["serve", name, "--dry-run"]) == 0, capsys.readouterr().err
+    words = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert _flag(words, "--model") == KIMI_TARGET
+    assert json.loads(_flag(words, "--speculative-config"))["model"] == KIMI_DRAFT
+
+
+def test_profile_bounds_the_queue_and_n() -> None:
+    """An unbounded queue turns overload into ever-growing waits: the profile sets vLLM's admission limit
+    (beyond it: 503 'The engine is currently busy ...') and a cap on n per request."""
+    command = build_command(load_profile("tiny-cpu"))
+    argv = command.argv
+    queued = int(argv[argv.index("--max-num-queued-reqs") + 1])
+    batch = int(argv[argv.index("--max-num-seqs") + 1])
+    assert batch <= queued <= 16 * batch
+    assert 1 <= int(command.env["VLLM_MAX_N_SEQUENCES"]) <= queued
+
