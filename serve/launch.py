@@ -36,7 +36,9 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
                                stderr=subprocess.STDOUT if out or echo else None, start_new_session=True,
                                text=echo, errors="replace" if echo else None)
     if echo:
-        threading.Thread(target=_tee, args=(process.stdout, out), daemon=True).start()
+        # Kept on the process, so that a failed start is explained only once its last lines are in the log.
+        process.tee = threading.Thread(target=_tee, args=(process.stdout, out), daemon=True)
+        process.tee.start()
     return process
 
 
@@ -73,6 +75,8 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, log_path
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() - started < timeout_s:
         if process.poll() is not None:
+            if hasattr(process, "tee"):
+                process.tee.join(timeout=10)
             raise ServerStartError(f"vLLM exited with code {process.returncode} before it was ready; "
                                    f"{describe_failure(log_path, api_key)}")
         try:

@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers.cli import REPO
 
-# A sibling folder (`../shared`), an absolute path of the machine the project was written on, or a climb out of the
-# checkout from a test (`parents[2]` of tests/x.py is the folder that holds the checkout).
+# A folder beside the checkout (where the shared notes live), an absolute path of the machine the project was written
+# on, or a climb out of the checkout by counting folders up from a file.
 OUTSIDE = re.compile(r"\.\./shared|/work/|/root/|parents\[[2-9]\]")
 
 
