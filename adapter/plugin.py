@@ -17,9 +17,10 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from kimi_eagle.adapter import cpu_fixes
+    from kimi_eagle.adapter import compile_cache, cpu_fixes
 
     cpu_fixes.apply()
+    compile_cache.install()  # before any model is compiled: the key must see what the model captures
     if envs.runtime_checks():
         from kimi_eagle.adapter import acceptance_alarm, draft_guard
 

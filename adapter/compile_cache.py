@@ -1,0 +1,73 @@
+"""Reuse of vLLM's saved torch.compile result, keyed by what the traced graph really captures.
+
+vLLM 0.32 saves each model's AOT compile result under a hash of the config and loads it at the next start
+(vllm/compilation/decorators.py). Two faults, one fix each, both guarded by version:
+
+- On the CPU build every load fails: the saved `compiled_fn` is a plain function, and the loader calls its
+  `finalize_loading(vllm_config)` ("'function' object has no attribute 'finalize_loading'"), so every start traces
+  and compiles the model again. A plain function has nothing left to load.
+- The key misses the aux hidden states the target captures for EAGLE-3, which are part of the traced graph:
+  `SpeculativeConfig.compute_hash` adds only the draft config's top-level `eagle_aux_hidden_state_layer_ids`, so
+  ids read from `eagle_config` (the SpecForge layout), vLLM's default ids, this plugin's alignment of the ids and
+  its fault injection all reach the same key as another capture, and a start would run a graph traced for other
+  layers, silently. The key gets the layers the model captures when it is compiled, wherever they came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kimi_eagle.adapter import compat
+
+logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
+
+
+def _captured_layers(fn: Callable[..., Any]) -> tuple[int, ...] | None:
+    """The aux layers the model behind a bound `forward` captures (DeepseekV2Model and the other EAGLE-3 targets
+    keep them in `aux_hidden_state_layers`); None for a model that captures none (the draft)."""
+    layers = getattr(getattr(fn, "__self__", None), "aux_hidden_state_layers", None)
+    return None if layers is None else tuple(int(i) for i in layers)
+
+
+def _keyed_by_captured_layers(model_hash_key: Callable[[Callable[..., Any]], str]) -> Callable[..., str]:
+    def key(fn: Callable[..., Any]) -> str:
+        upstream = model_hash_key(fn)
+        layers = _captured_layers(fn)
+        if not layers:
+            return upstream
+        return hashlib.sha256(f"{upstream}|aux_hidden_state_layers={layers}".encode()).hexdigest()
+
+    key.kimi_eagle_wrapped = True
+    key.upstream = model_hash_key
+    return key
+
+
+def _finalize_plain_functions(load_compiled_function: Callable[..., Any]) -> Callable[..., Any]:
+    def load(*args: Any, **kwargs: Any) -> Any:
+        loaded = load_compiled_function(*args, **kwargs)
+        compiled = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
+        if compiled is not None and not hasattr(compiled, "finalize_loading"):
+            compiled.finalize_loading = lambda vllm_config: None  # a plain function: nothing left to load
+        return loaded
+
+    load.kimi_eagle_wrapped = True
+    return load
+
+
+def install() -> bool:
+    """Key the cache by the captured layers (any platform); on a CPU, let its saved results load."""
+    if not compat.supported("compile cache reuse"):
+        return False
+    from vllm.compilation import decorators
+    from vllm.platforms import current_platform
+
+    if not getattr(decorators._model_hash_key, "kimi_eagle_wrapped", False):
+        decorators._model_hash_key = _keyed_by_captured_layers(decorators._model_hash_key)
+    if current_platform.is_cpu() and not getattr(torch.compiler.load_compiled_function, "kimi_eagle_wrapped", False):
+        torch.compiler.load_compiled_function = _finalize_plain_functions(torch.compiler.load_compiled_function)
+    return True

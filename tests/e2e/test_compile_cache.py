@@ -1,0 +1,30 @@
+"""vLLM's saved compile result is reused on this CPU, and only for the capture it was traced with.
+
+A start whose capture differs (one aux layer instead of three) must trace again: that is
+`tests/e2e/test_guards.py::test_target_without_aux_capture_is_named_at_the_first_step`, which fails when the graph
+traced for three layers is loaded for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimi_eagle.processes import free_port
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.launch import running_server
+from kimi_eagle.serve.profile import load_profile
+from tests.helpers.server import Server, greedy_ids
+
+pytestmark = pytest.mark.e2e
+LOADED = "[backbone] Directly load AOT compilation"
+
+
+def test_a_second_start_loads_the_compiled_target_and_answers_the_same(spec_server: Server, tmp_path) -> None:
+    # The session's server has traced (or loaded) the profile's graphs and saved them; the same profile again:
+    reference = greedy_ids(spec_server.url, spec_server.model, max_tokens=32)
+    command = build_command(load_profile("tiny-cpu"), port=free_port())
+    log = tmp_path / "second.log"
+    with running_server(command, log_path=log, timeout_s=600) as ready_s:
+        again = greedy_ids(command.url, command.served_model_name, max_tokens=32)
+    assert LOADED in log.read_text(), "the target was traced again instead of loaded"
+    assert again == reference  # the loaded graph computes what the traced one did
+    print(f"\nsecond start of tiny-cpu: healthy after {ready_s:.0f}s (the session's first: {spec_server.ready_s:.0f}s)")
