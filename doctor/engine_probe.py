@@ -124,12 +124,15 @@ def measure_with_started_server(draft: Path, target: Path, prompts: list[str], p
                                 host="127.0.0.1", port=free_port())
     except (ProfileError, CommandError) as exc:
         raise ProbeError(str(exc)) from None
-    with tempfile.TemporaryDirectory(prefix="kimi-eagle-doctor-") as scratch, sigterm_as_keyboard_interrupt():
+    # The server's log outlives a failed start, whose message points at it; a probe that ran removes it.
+    log = Path(tempfile.mkstemp(prefix="kimi-eagle-doctor-", suffix=".log")[1])
+    with sigterm_as_keyboard_interrupt():
         try:
-            with running_server(command, log_path=Path(scratch) / "vllm.log", timeout_s=READY_TIMEOUT_S) as ready_s:
+            with running_server(command, log_path=log, timeout_s=READY_TIMEOUT_S) as ready_s:
                 result = measure(command.url, command.served_model_name, prompts, api_key=command.api_key)
         except ServerStartError as exc:
             raise ProbeError(f"vLLM did not start for the pair (profile {profile_name}): {exc}") from None
+    log.unlink(missing_ok=True)
     result.server = f"started by doctor: vLLM, profile {profile_name}"
     result.seconds_to_ready = ready_s
     return result

@@ -163,3 +163,24 @@ def _vllm_servers(parent: psutil.Process) -> list[psutil.Process]:
             continue
     return out
 
+
+
+@pytest.mark.e2e
+def test_a_probe_whose_server_cannot_start_names_the_root_cause_and_keeps_the_log(tmp_path: Path) -> None:
+    import yaml
+
+    from kimi_eagle.doctor.engine_probe import measure_with_started_server
+    from kimi_eagle.doctor.probe import ProbeError
+    from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+    from kimi_eagle.serve.profile import PROFILES_DIR
+
+    profile = yaml.safe_load((PROFILES_DIR / "tiny-cpu.yaml").read_text())
+    profile["vllm_args"]["kv-cache-memory-bytes"] = "64T"  # more than any machine here: vLLM refuses after loading
+    path = tmp_path / "no-room.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    with pytest.raises(ProbeError) as failed:
+        measure_with_started_server(DRAFT_DIR, TARGET_DIR, ["x = 1"], str(path))
+    message = str(failed.value)
+    assert "root cause: ValueError: Available memory on node" in message, message
+    log = Path(message.split("the whole log: ")[1].split()[0])
+    assert log.is_file() and "Available memory on node" in log.read_text()
