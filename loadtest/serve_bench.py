@@ -39,8 +39,6 @@ from kimi_eagle.loadtest.summary import (
 )
 
 FILE_NAME = "vllm_bench_serve.json"
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-LATENCY_STATS = ("mean", "median", "std", "p99")
 
 
 class ServeBenchError(ValueError):

@@ -40,9 +40,10 @@ def kv_cache_fits(command: ServeCommand) -> bool:
 
     node = get_allowed_cpu_list()[0].numa_node
     available = get_memory_node_info(node).available_memory
-    if human_readable_int(requested) <= available:
+    needed = human_readable_int(requested)
+    if needed <= available:
         return True
-    print(f"pre-flight: the KV cache needs {human_readable_int(requested) / GIB:.2f} GiB ({KV_CACHE_BYTES_FLAG} "
+    print(f"pre-flight: the KV cache needs {needed / GIB:.2f} GiB ({KV_CACHE_BYTES_FLAG} "
           f"{requested}) and NUMA node {node} has {available / GIB:.2f} GiB available: free memory (another "
           f"server?) or give a smaller {KV_CACHE_BYTES_FLAG} after `--`", file=sys.stderr)
     return False
