@@ -9,8 +9,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kimi_eagle.cli import fail
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kimi_eagle.serve.profile import Profile
 
 RESULTS_DIR = Path("bench") / "results"
 
@@ -24,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="k=3 only, 2 rounds, 16 tokens, no checks-off server: proves the benchmark works in under "
                         "3 minutes; its figures are not for comparison")
+    p.add_argument("--configs", action="store_true",
+                   help="instead: which way of serving the pair is fastest here: float32/bfloat16 x both cores bound/"
+                        "vLLM's core layout x alone/with the draft, streamed and not, one server at a time (about 30 "
+                        "minutes; with --quick, the two bfloat16 configurations in vLLM's layout, 2 minutes)")
+    p.add_argument("--rounds", type=int, help="with --configs: rounds of the whole matrix (default 3)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
     p.add_argument("--profile", default="tiny-cpu", help="serving profile (default tiny-cpu)")
     p.add_argument("--target", help="target checkpoint instead of the profile's")
@@ -42,7 +53,9 @@ def _terminated(signum: int, frame: object) -> None:
 
 def _command_line(args: argparse.Namespace) -> str:
     """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
-    words = ["kimi-eagle", "bench", *(["--quick"] if args.quick else [])]
+    words = ["kimi-eagle", "bench", *(["--configs"] if args.configs else []), *(["--quick"] if args.quick else [])]
+    if args.rounds is not None:
+        words += ["--rounds", str(args.rounds)]
     if args.out != RESULTS_DIR:
         words += ["--out", str(args.out)]
     for option in ("profile", "target", "draft", "prompts"):
@@ -74,6 +87,34 @@ def _rewrite_report(path: Path) -> int:
     return 0
 
 
+def _run_configs(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str, console: Console) -> int:
+    from kimi_eagle.bench import configs
+    from kimi_eagle.bench.client import BenchRequestError
+    from kimi_eagle.loadtest.files import write_atomic, write_model
+    from kimi_eagle.serve.command import CommandError
+    from kimi_eagle.serve.launch import ServerStartError
+
+    plan = configs.QUICK if args.quick else configs.FULL
+    if args.rounds is not None:
+        plan = plan.model_copy(update={"rounds": args.rounds})
+    name = f"{plan.mode}-{stamp}"
+    bench = configs.ConfigsBench(plan, profile, target=args.target, draft=args.draft, prompts=prompts,
+                                 files_dir=args.out / f"{name}-files",
+                                 command_line=_command_line(args), say=console.print)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = bench.run()
+    except (ServerStartError, BenchRequestError, CommandError) as exc:
+        return fail("bench", str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    json_path = write_model(args.out / f"{name}.json", result)
+    md_path = write_atomic(args.out / f"{name}.md", configs.markdown(result))
+    console.print(f"results: {json_path}, {md_path}")
+    print(result.verdict)
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -93,6 +134,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _rewrite_report(args.report)
     if args.passthrough:
         return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
+    if args.rounds is not None and (not args.configs or args.rounds < 1):
+        return fail("bench", "--rounds N (N >= 1) goes with --configs")
     plan = QUICK if args.quick else FULL
     try:
         profile = load_profile(args.profile)
@@ -103,6 +146,8 @@ def run_bench(args: argparse.Namespace) -> int:
     except (ProfileError, BenchError) as exc:
         return fail("bench", str(exc))
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if args.configs:
+        return _run_configs(args, profile, prompts, stamp, console)
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
                   files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)

@@ -1,12 +1,14 @@
-"""The benchmark's own minimal client: greedy, fixed-length, non-streamed completions from a pool of threads.
+"""The benchmark's own minimal client: greedy, fixed-length completions from a pool of threads.
 
-Non-streamed on purpose: the server then does the least work per token outside the engine, and the client parses
-one JSON body per request, so tokens/s measures the engine, not the harness (`kimi-eagle loadtest` measures the
-streaming side). Tokens are counted from the server's `usage`, never from the text.
+Non-streamed by default: the server then does the least work per token outside the engine, and the client parses
+one JSON body per request, so tokens/s measures the engine. Streamed (`stream=True`) it reads the server-sent
+events as every chat client does, still with little work of its own (Locust costs this 2-core machine a share of a
+core). Tokens are counted from the server's `usage`, never from the text.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,8 +52,10 @@ class Completion(NamedTuple):
 
 
 class BenchClient:
-    def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float = 600.0, *,
+                 stream: bool = False) -> None:
         self.url, self.model, self.max_tokens, self.timeout_s = url, model, max_tokens, timeout_s
+        self.stream = stream
         self._local = threading.local()
         self._engine = get_engine("vllm", url)
 
@@ -65,19 +69,38 @@ class BenchClient:
         wanted = max_tokens or self.max_tokens
         body = {"model": self.model, "prompt": prompt, "max_tokens": wanted, "temperature": 0,
                 "ignore_eos": True, "return_token_ids": True}
+        if self.stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
         started = time.perf_counter()
         try:
-            response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s)
+            response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s,
+                                            stream=self.stream)
+            if response.status_code != 200:
+                raise BenchRequestError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}")
+            payload = self._streamed(response) if self.stream else response.json()
         except requests.RequestException as exc:
             raise BenchRequestError(f"{self.url}: request failed: {exc.__class__.__name__}: {exc}") from None
-        if response.status_code != 200:
-            raise BenchRequestError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}")
-        payload = response.json()
         tokens = payload["usage"]["completion_tokens"]
         if tokens != wanted:
             raise BenchRequestError(f"{self.url}: asked for {wanted} tokens with ignore_eos and got {tokens}")
         return Completion(tokens, payload["choices"][0].get("token_ids") or [], payload["usage"]["prompt_tokens"],
                           time.perf_counter() - started)
+
+    def _streamed(self, response: requests.Response) -> dict:
+        """The events of one streamed completion folded into the shape of a non-streamed body."""
+        token_ids: list[int] = []
+        usage = None
+        with response:
+            for line in response.iter_lines():
+                if not line.startswith(b"data: {"):
+                    continue  # blank separators and the closing `data: [DONE]`
+                event = json.loads(line[len(b"data: "):])
+                for choice in event.get("choices") or []:
+                    token_ids += choice.get("token_ids") or []
+                usage = event.get("usage") or usage
+        if usage is None:
+            raise BenchRequestError(f"{self.url}: the stream ended without the usage its request asked for")
+        return {"usage": usage, "choices": [{"token_ids": token_ids}]}
 
     def measure(self, prompts: list[str], concurrency: int, requests_total: int, *,
                 with_acceptance: bool = False) -> Sample:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kimi_eagle.doctor.engine_probe import EngineProbe
     from kimi_eagle.doctor.probe import ProbeResult
 
-DEFAULT_PROBE_PROFILE = "tiny-cpu"
+DEFAULT_PROBE_PROFILE = "tiny-cpu-exact"  # float32: acceptance of the draft, not of bf16 rounding
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "used by nobody else meanwhile) instead of starting one; implies --probe. A key from "
                         "VLLM_API_KEY")
     p.add_argument("--probe-profile", metavar="PROFILE",
-                   help="the serving profile of the vLLM server --probe starts (default tiny-cpu), with this "
-                        "--target and draft; implies --probe")
+                   help="the serving profile of the vLLM server --probe starts (default tiny-cpu-exact: float32, so "
+                        "that acceptance measures the draft, not bf16 rounding), with this --target and draft; "
+                        "implies --probe")
     p.add_argument("--agreement-only", action="store_true",
                    help="--probe without vLLM: only the step-0 agreement (seconds instead of minutes); implies --probe")
     p.add_argument("--prompts", type=Path, help="calibration prompts for --probe: a text file, one prompt a line")

@@ -1,12 +1,12 @@
 """`doctor --probe`, second half: offline acceptance through the real engine.
 
-vLLM's own OpenAI server runs the pair: started here with the project's launcher (a profile, default tiny-cpu, with
-the doctor's target and draft, on a free port of 127.0.0.1), or already running at a URL the user gives. The
-calibration prompts go to it over HTTP in greedy completions requests (temperature 0, a fixed max_tokens), and
-vLLM's own Prometheus counters, read before and after, give the acceptance in the project's one definition
-(`loadtest/engines.py`, whose reader is reused): mean acceptance length = 1 + accepted / drafts, per-position
-rate i = drafts whose token i was accepted / drafts. A server doctor starts is stopped on every way out (Ctrl-C and
-SIGTERM included).
+vLLM's own OpenAI server runs the pair: started here with the project's launcher (a profile, default
+tiny-cpu-exact, with the doctor's target and draft, on a free port of 127.0.0.1), or already running at a URL the
+user gives. The calibration prompts go to it over HTTP in greedy completions requests (temperature 0, a fixed
+max_tokens), and vLLM's own Prometheus counters, read before and after, give the acceptance in the project's one
+definition (`loadtest/engines.py`, whose reader is reused): mean acceptance length = 1 + accepted / drafts,
+per-position rate i = drafts whose token i was accepted / drafts. A server doctor starts is stopped on every way
+out (Ctrl-C and SIGTERM included).
 
 With `--probe-url` the delta counts every request the server finished meanwhile: give a server nobody else uses.
 """
@@ -31,7 +31,7 @@ MAX_TOKENS = 64
 LOW_ACCEPTANCE_RATE = float(envs.ALARM_MIN_RATE.default)
 READY_TIMEOUT_S = 600  # vLLM takes 60-200 s to answer /health on a loaded 2-core machine
 REQUEST_TIMEOUT_S = 600
-PROMPTS_PER_REQUEST = 16  # the tiny-cpu profile's --max-num-seqs: one batch per request
+PROMPTS_PER_REQUEST = 16  # the tiny-cpu profiles' --max-num-seqs: one batch per request
 
 
 class EngineProbe(BaseModel):

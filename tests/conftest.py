@@ -11,7 +11,7 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
-from tests.helpers.server import Server
+from tests.helpers.server import EXACT_PROFILE, Server
 
 # Real responses of a real SGLang 0.5.23 server (its README says how they were recorded), carried by the project.
 RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
@@ -20,7 +20,7 @@ RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
 
 
 def _serve(tmp_dir: Path, name: str, **overrides) -> Iterator[Server]:
-    command = build_command(load_profile("tiny-cpu"), port=free_port(), **overrides)
+    command = build_command(load_profile(EXACT_PROFILE), port=free_port(), **overrides)
     log = tmp_dir / f"{name}.log"
     with running_server(command, log_path=log, timeout_s=600) as ready_s:
         yield Server(url=command.url, model=command.served_model_name, log=log, ready_s=ready_s)
@@ -28,7 +28,7 @@ def _serve(tmp_dir: Path, name: str, **overrides) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The default profile: tiny Kimi-K2.5 target + trained EAGLE-3 draft, k=3, float32."""
+    """The exactness profile: tiny Kimi-K2.5 target + trained EAGLE-3 draft, k=3, float32."""
     yield from _serve(tmp_path_factory.mktemp("spec"), "spec")
 
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from kimi_eagle.bench import configs
 from kimi_eagle.bench.plan import QUICK
 from kimi_eagle.bench.result import BenchResult
 from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.loadtest import serve_bench
+from tests.helpers.server import EXACT_PROFILE
 
 pytestmark = pytest.mark.e2e
 
@@ -23,12 +25,13 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     for needed in (TARGET_DIR, DRAFT_DIR, HELDOUT_PROMPTS_FILE):
         if not needed.exists():
             pytest.fail(f"{needed} is missing: build the tiny pair first (`kimi-eagle fixtures --rebuild`)")
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--quick", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
+    # The exactness profile: its outputs are compared token for token below (and its graphs are the session's).
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--quick", "--out", str(tmp_path),
+                           "--profile", EXACT_PROFILE], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     [json_path] = tmp_path.glob("quick-*.json")
     result = BenchResult.model_validate_json(json_path.read_text())
-    assert result.command == f"kimi-eagle bench --quick --out {tmp_path}"
+    assert result.command == f"kimi-eagle bench --quick --out {tmp_path} --profile {EXACT_PROFILE}"
     assert result.machine.cpus >= 1 and result.machine.cpu_model
 
     held = {p.concurrency: p for p in result.throughput if p.workload == "held-out"}
@@ -79,3 +82,25 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     assert "## 7. Recommended num_speculative_tokens" in report and result.command in report
     assert "Profile setting to use" in done.stdout and "concurrency   1:" in done.stdout
 
+
+
+def test_quick_configs_benchmark_serves_the_default_layout_streamed_and_not(tmp_path: Path) -> None:
+    """The two bfloat16 configurations in vLLM's core layout (the default profile and a plain `vllm serve`), one
+    server at a time, a streamed and a non-streamed load each."""
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--configs", "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [json_path] = tmp_path.glob("configs-quick-*.json")
+    result = configs.ConfigsResult.model_validate_json(json_path.read_text())
+    plain, draft = (c.name for c in configs.QUICK.configs)
+    loads = [p.name for p in configs.QUICK.points]
+    assert sorted((p.config, p.load) for p in result.points) == sorted((c, lo) for c in (plain, draft) for lo in loads)
+    for p in result.points:
+        assert p.tokens_per_s.n == 1 and p.tokens_per_s.min > 0
+        assert (p.ratio_to_fastest_without_draft is not None) == (p.config == draft)
+    # The draft speculates in bfloat16 too (float32 gives about 2.9 on these prompts).
+    assert set(result.mean_acceptance_length) == {draft} and result.mean_acceptance_length[draft] >= 2.0
+    assert sorted(s.config for s in result.starts) == sorted([plain, draft])
+    assert all(s.seconds_to_healthy > 0 and s.peak_rss_bytes > 500 * 2**20 for s in result.starts)
+    assert result.fastest == draft and result.verdict in done.stdout
+    assert f"| {draft} |" in json_path.with_suffix(".md").read_text()

@@ -12,7 +12,7 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
-from tests.helpers.server import Server, greedy_ids
+from tests.helpers.server import EXACT_PROFILE, Server, greedy_ids
 
 pytestmark = pytest.mark.e2e
 LOADED = "[backbone] Directly load AOT compilation"
@@ -21,10 +21,11 @@ LOADED = "[backbone] Directly load AOT compilation"
 def test_a_second_start_loads_the_compiled_target_and_answers_the_same(spec_server: Server, tmp_path) -> None:
     # The session's server has traced (or loaded) the profile's graphs and saved them; the same profile again:
     reference = greedy_ids(spec_server.url, spec_server.model, max_tokens=32)
-    command = build_command(load_profile("tiny-cpu"), port=free_port())
+    command = build_command(load_profile(EXACT_PROFILE), port=free_port())
     log = tmp_path / "second.log"
     with running_server(command, log_path=log, timeout_s=600) as ready_s:
         again = greedy_ids(command.url, command.served_model_name, max_tokens=32)
     assert LOADED in log.read_text(), "the target was traced again instead of loaded"
     assert again == reference  # the loaded graph computes what the traced one did
-    print(f"\nsecond start of tiny-cpu: healthy after {ready_s:.0f}s (the session's first: {spec_server.ready_s:.0f}s)")
+    print(f"\nsecond start of {EXACT_PROFILE}: healthy after {ready_s:.0f}s "
+          f"(the session's first: {spec_server.ready_s:.0f}s)")

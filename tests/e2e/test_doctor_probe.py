@@ -87,7 +87,7 @@ def test_probe_starts_vllm_for_the_pair_and_stops_it(capsys: pytest.CaptureFixtu
     print(f"doctor --probe (started vLLM, ready in {engine['seconds_to_ready']:.0f}s): mean acceptance length "
           f"{engine['acceptance']['mean_acceptance_length']:.2f}, per position "
           f"{engine['acceptance']['per_position_acceptance_rate']}")
-    assert code == 0 and engine["server"] == "started by doctor: vLLM, profile tiny-cpu"
+    assert code == 0 and engine["server"] == "started by doctor: vLLM, profile tiny-cpu-exact"
     assert engine["url"].startswith("http://127.0.0.1:") and engine["seconds_to_ready"] > 0
     _check_acceptance(engine)
     assert len(servers) == 1, f"expected one vLLM server while doctor ran, saw {len(servers)}"
@@ -174,7 +174,7 @@ def test_a_probe_whose_server_cannot_start_names_the_root_cause_and_keeps_the_lo
     from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
     from kimi_eagle.serve.profile import PROFILES_DIR
 
-    profile = yaml.safe_load((PROFILES_DIR / "tiny-cpu.yaml").read_text())
+    profile = yaml.safe_load((PROFILES_DIR / "tiny-cpu-exact.yaml").read_text())
     profile["vllm_args"]["kv-cache-memory-bytes"] = "64T"  # more than any machine here: vLLM refuses after loading
     path = tmp_path / "no-room.yaml"
     path.write_text(yaml.safe_dump(profile))

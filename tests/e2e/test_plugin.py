@@ -9,12 +9,13 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import ServerStartError, running_server
 from kimi_eagle.serve.profile import load_profile
+from tests.helpers.server import EXACT_PROFILE
 
 
 @pytest.mark.e2e
 def test_engine_refuses_the_pair_without_the_plugin(tmp_path) -> None:
     """With no plugin loaded (VLLM_PLUGINS="" allows none), vLLM 0.32 cannot start target + draft on CPU."""
-    command = build_command(load_profile("tiny-cpu"), port=free_port())
+    command = build_command(load_profile(EXACT_PROFILE), port=free_port())
     command.env["VLLM_PLUGINS"] = ""
     log = tmp_path / "no-plugin.log"
     with pytest.raises(ServerStartError), running_server(command, log_path=log, timeout_s=600):

@@ -26,7 +26,7 @@ from kimi_eagle.loadtest.results import load_records, load_summary
 from kimi_eagle.serve.command import ServeCommand, build_command
 from kimi_eagle.serve.launch import start, stop, wait_healthy
 from kimi_eagle.serve.profile import load_profile
-from tests.helpers.server import Server, greedy_ids, server_processes, wait_idle
+from tests.helpers.server import EXACT_PROFILE, Server, greedy_ids, server_processes, wait_idle
 
 RESTART_ENV = "KIMI_EAGLE_RESTART_TEST"
 
@@ -63,7 +63,7 @@ class Restarter:
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.command: ServeCommand = build_command(load_profile("tiny-cpu"), port=int(server.url.rsplit(":", 1)[1]))
+        self.command: ServeCommand = build_command(load_profile(EXACT_PROFILE), port=int(server.url.rsplit(":", 1)[1]))
         assert self.command.url == server.url and self.command.served_model_name == server.model
         self.started: list[subprocess.Popen] = []
 

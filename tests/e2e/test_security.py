@@ -14,6 +14,7 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
+from tests.helpers.server import EXACT_PROFILE
 
 # --- the real server with a key ------------------------------------------------------------------------------------
 COMPLETION = {"prompt": "def main(", "max_tokens": 4, "temperature": 0}
@@ -29,7 +30,7 @@ UNGUARDED_BY_VLLM = [("POST", "/invocations", COMPLETION), ("POST", "/tokenize",
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str, Path]]:
     key = secrets.token_urlsafe(32)
-    command = build_command(load_profile("tiny-cpu"), port=free_port(), api_key=key)
+    command = build_command(load_profile(EXACT_PROFILE), port=free_port(), api_key=key)
     log = tmp_path_factory.mktemp("keyed") / "server.log"
     with running_server(command, log_path=log, timeout_s=600):
         yield command.url, command.served_model_name, key, log

@@ -12,6 +12,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+# The profile of the session's servers: the default pair in float32, where speculation must give the target's own
+# greedy output token for token (the default profile, tiny-cpu, serves it in bfloat16: faster, not exact).
+EXACT_PROFILE = "tiny-cpu-exact"
+
 # A prompt whose greedy continuation any corruption of the engine's state would change.
 REFERENCE_PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("
 

@@ -129,7 +129,7 @@ def test_missing_aux_ids_take_the_speculators_default_of_the_target(draft_copy: 
 
 
 def test_command_speculates_like_the_vllm_profile(tmp_path: Path) -> None:
-    plan = build_sglang_command(load_profile("tiny-cpu"), out=tmp_path / "view")
+    plan = build_sglang_command(load_profile("tiny-cpu-exact"), out=tmp_path / "view")  # the one naming a kernel
     argv = plan.command.argv
     assert argv[1:3] == ["-m", "sglang.launch_server"] and _flag(argv, "--model-path") == str(TARGET_DIR)
     assert _flag(argv, "--speculative-algorithm") == "EAGLE3"  # never plain EAGLE: it skips the fc fusion
