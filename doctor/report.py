@@ -88,6 +88,8 @@ def trained_table(diagnosis: Diagnosis) -> Table:
 
 def print_report(diagnosis: Diagnosis, console: Console, engine: str = "all") -> None:
     console.print(f"[bold]kimi-eagle doctor[/]  draft: {diagnosis.draft}  target: {diagnosis.target or '(none)'}")
+    if diagnosis.layout:
+        console.print(escape(f"layout  {diagnosis.layout}"))
     ids = diagnosis.aux_ids
     if ids:
         console.print(escape("aux layer ids  " + "  ".join(f"{k}: {v}" for k, v in ids.items())))

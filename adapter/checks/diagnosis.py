@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 
 from kimi_eagle.adapter.checks import engines as eng
 from kimi_eagle.adapter.checks import static
-from kimi_eagle.adapter.checks.checkpoint import CheckpointError, open_checkpoint
+from kimi_eagle.adapter.checks.checkpoint import Checkpoint, CheckpointError, open_checkpoint
 from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
-from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec, target_spec
+from kimi_eagle.adapter.checks.layout import DraftConfigError, DraftSpec, draft_spec, target_spec
 from kimi_eagle.adapter.checks.static import Context
 from kimi_eagle.adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
 
@@ -36,6 +36,7 @@ class CoverageRow(BaseModel):
 class Diagnosis(BaseModel):
     draft: str
     target: str | None
+    layout: str | None = Field(None, description="Which published layout the draft is in, as its files show it.")
     findings: list[Finding] = Field(default_factory=list)
     coverage: list[CoverageRow] = Field(default_factory=list)
     aux_ids: dict[str, list[int] | None] = Field(default_factory=dict, description="The ids each engine uses.")
@@ -78,6 +79,22 @@ def _coverage(ctx: Context) -> list[CoverageRow]:
     return rows
 
 
+def describe_layout(spec: DraftSpec, draft: Checkpoint) -> str:
+    """The layout in the words of who publishes it: speculators, or a flat SpecForge/EAGLE config."""
+    names = [n.removeprefix("model.") for n in draft.tensors]
+    keys = ("midlayer.*" if any(n.startswith("midlayer.") for n in names)
+            else "layers.N.*" if any(n.startswith("layers.") for n in names) else "no layer weights")
+    ids = ("ids at the top level" if spec.top_level_ids else "ids under eagle_config" if spec.eagle_config_ids
+           else "ids only under the top-level eagle_config" if spec.unread_ids else "no aux ids")
+    if spec.format == "speculators":
+        kind = "speculators (speculators_model_type eagle3, transformer_layer_config)"
+    else:
+        kind = f"flat SpecForge/EAGLE config ({', '.join(spec.architectures) or 'no architectures'})"
+    flags = [name for name in ("fc_norm", "norm_output", "norm_before_fc") if getattr(spec, name)]
+    return f"{kind}; {spec.model_type} layer; weights {keys}; {ids}" + (
+        f"; EAGLE-3.1 flags {', '.join(flags)}" if flags else "")
+
+
 def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = True) -> Diagnosis:
     result = Diagnosis(draft=str(draft_dir), target=str(target_dir) if target_dir else None)
     try:
@@ -105,6 +122,7 @@ def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = T
                                        "model.safetensors (or shards with model.safetensors.index.json)",
                                        "save the draft with safetensors (speculators does by default)"))
         return result
+    result.layout = describe_layout(spec, draft)
     ctx = Context(draft, spec, target)
     findings = []
     for check in CHECKS:

@@ -192,9 +192,33 @@ def _fc_states(ctx: Context) -> int | None:
     return fc.shape[1] // ctx.target_hidden
 
 
+def _ids_places(spec: DraftSpec) -> list[tuple[str, list[int]]]:
+    """Every place of the config that holds aux ids, named as a user finds it in config.json."""
+    if spec.format == "speculators":
+        places = [("the top level (or transformer_layer_config)", spec.top_level_ids),
+                  ("transformer_layer_config.eagle_config", spec.eagle_config_ids),
+                  ("the top-level eagle_config", spec.unread_ids)]
+    else:
+        places = [("the top level", spec.top_level_ids), ("eagle_config", spec.eagle_config_ids)]
+    return [(where, ids) for where, ids in places if ids]
+
+
+def _ids_disagree(spec: DraftSpec) -> list[Finding]:
+    places = _ids_places(spec)
+    if len({tuple(ids) for _, ids in places}) < 2:
+        return []
+    engines = {"vLLM 0.32": spec.vllm_target_ids, "SGLang 0.5.23": spec.sglang_ids}
+    reads = "; ".join(f"{engine} captures {ids if ids else 'its default layers'}" for engine, ids in engines.items())
+    return [finding("aux-ids-disagree", Severity.WARNING, "the config's aux layer ids disagree between places",
+                    "; ".join(f"{ids} under {where}" for where, ids in places),
+                    f"one set of ids wherever they are written ({reads})",
+                    "write the ids the draft was trained with in every place (the training run's config says "
+                    "which); an engine that reads another place captures other layers and accepts little")]
+
+
 def check_aux_ids(ctx: Context) -> list[Finding]:
     spec, target = ctx.spec, ctx.target
-    out: list[Finding] = []
+    out: list[Finding] = _ids_disagree(spec)
     declared = spec.declared_ids
     fc_states = _fc_states(ctx)
     if declared:

@@ -122,6 +122,72 @@ def trained_verdict(evidence: list[MatrixEvidence]) -> TrainedVerdict:
                           reason=f"{len(structured)} structured, {len(random_like)} random-like of {len(evidence)}")
 
 
+def _shape_of(e: MatrixEvidence) -> str:
+    return (f"top singular value {e.spike_ratio:.2f}x the bulk edge, row norms {e.row_spread_ratio:.2f}x as uneven "
+            "as chance gives (about 1.0 for a random init)")
+
+
+def untrained_matrices(verdict: TrainedVerdict) -> list[Finding]:
+    """Each matrix still at a random init in a draft whose other matrices are trained: the draft as a whole passes
+    the "trained or not" vote, and this one matrix turns its outputs into noise."""
+    if verdict.verdict not in ("trained", "unclear"):
+        return []
+    structured = [e for e in verdict.matrices if e.looks == "structured"]
+    return [Finding(
+        code="matrix-untrained", severity=Severity.WARNING, title=f"{e.name} looks untrained",
+        found=f"{_shape_of(e)}, while {len(structured)} of the draft's {len(verdict.matrices)} matrices are trained",
+        expected="the structure training leaves, in every trainable matrix",
+        fix=f"{e.name} was not trained or not saved (frozen by the training config, or exported from the initial "
+            "checkpoint): re-export it from the trained run; `kimi-eagle doctor DRAFT --target T --probe` "
+            "measures the acceptance it costs") for e in verdict.matrices if e.looks == "random" and structured]
+
+
+def unused_aux_inputs(checkpoint: Checkpoint) -> list[Finding]:
+    """fc takes the aux layers side by side (columns [i*H, (i+1)*H) for aux layer i). A block still at its random
+    init, or near zero, next to trained ones is an aux input the draft never learnt from: the seed's fault (one
+    layer fed where three belong) frozen into the weights."""
+    from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec
+
+    info = next((i for n, i in checkpoint.tensors.items() if n.removeprefix("model.") == "fc.weight"), None)
+    if info is None or len(info.shape) != 2 or info.dtype not in FLOAT_DTYPES:
+        return []
+    try:
+        ids = draft_spec(checkpoint.config).declared_ids
+    except DraftConfigError:
+        ids = None
+    rows, cols = info.shape
+    count = len(ids) if ids and cols % len(ids) == 0 else (cols // rows if cols % rows == 0 else 0)
+    if count < 2:
+        return []
+    try:
+        fc = load_torch(info).float()
+    except (SafetensorError, OSError):
+        return []  # reported by the health check
+    if not bool(fc.isfinite().all()):
+        return []  # reported by the health check
+    width = cols // count
+    blocks = [fc[:, i * width:(i + 1) * width] for i in range(count)]
+    norms = [float(b.norm()) for b in blocks]
+    looks = [matrix_evidence(f"fc.weight[:, {i * width}:{(i + 1) * width}]", b) for i, b in enumerate(blocks)]
+    findings = []
+    for i, (norm, e) in enumerate(zip(norms, looks)):
+        others = [(n, o) for j, (n, o) in enumerate(zip(norms, looks)) if j != i]
+        faint = norm < 0.1 * max(n for n, _ in others)
+        random_among_trained = e.looks == "random" and any(o.looks == "structured" for _, o in others)
+        if not (faint or random_among_trained):
+            continue
+        layer = f"target layer {ids[i]}" if ids and len(ids) == count else f"aux input {i + 1} of {count}"
+        found = (f"its norm is {norm:.3g} against {max(n for n, _ in others):.3g} for the largest other block"
+                 if faint else f"{_shape_of(e)}, while other blocks are trained")
+        findings.append(Finding(
+            code="fc-aux-input-unused", severity=Severity.WARNING,
+            title=f"fc ignores its input from {layer} (columns {i * width}-{(i + 1) * width - 1})",
+            found=found, expected=f"all {count} aux inputs learnt from, as the engines feed all {count}",
+            fix="the draft was trained without this layer's hidden state (e.g. an engine that captured one layer "
+                "where three belong): retrain with the target capturing every aux layer in the config"))
+    return findings
+
+
 CHUNK_ELEMENTS = 1 << 24  # stats in float32 chunks: a Kimi draft's 2.3 GB embedding never doubles in memory
 
 
@@ -243,6 +309,7 @@ def check_weights(checkpoint: Checkpoint) -> WeightReport:
             expected="trained values", fix="nothing if these norms were frozen on purpose; otherwise the draft "
                                            "may be untrained"))
     verdict = trained_verdict(evidence)
+    findings += untrained_matrices(verdict) + unused_aux_inputs(checkpoint)
     if verdict.verdict == "looks untrained":
         findings.append(Finding(
             code="looks-untrained", severity=Severity.WARNING, title="the draft looks untrained",

@@ -237,6 +237,32 @@ def fresh_init(config: dict, t: Tensors) -> None:
             t[name] = value.to(t[name].dtype)
 
 
+def _fresh_linear(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """PyTorch's default nn.Linear init, what a draft matrix holds before training."""
+    torch.manual_seed(seed)
+    return torch.nn.Linear(cols, rows, bias=False).weight.detach()
+
+
+@fault
+def one_matrix_untrained(config: dict, t: Tensors) -> None:
+    """Every matrix trained but one: the draft as a whole still passes a "trained or not" majority vote."""
+    name = "layers.0.mlp.down_proj.weight"
+    t[name] = _fresh_linear(*t[name].shape, seed=7).to(t[name].dtype)
+
+
+@fault
+def fc_aux_input_unused(config: dict, t: Tensors) -> None:
+    """fc's columns for the second aux layer never trained: a draft trained while that layer's state was missing."""
+    fc = t["fc.weight"].clone()
+    fc[:, HIDDEN:2 * HIDDEN] = _fresh_linear(HIDDEN, 3 * HIDDEN, seed=8)[:, HIDDEN:2 * HIDDEN].to(fc.dtype)
+    t["fc.weight"] = fc
+
+
+@fault
+def aux_ids_disagree(config: dict, t: Tensors) -> None:
+    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}
+
+
 def sglang_view(out: Path) -> Path:
     """A flat SGLang-style config over the fixture's weights (how a flat view of the draft looks)."""
     config, tensors = read_draft()

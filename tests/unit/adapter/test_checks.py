@@ -50,6 +50,9 @@ EXPECTED = {
     "zero_o_proj": ("weight-zero", R, "all"),
     "mixed_dtypes": ("weight-dtype-mixed", W, "all"),
     "fresh_init": ("looks-untrained", W, "all"),
+    "one_matrix_untrained": ("matrix-untrained", W, "all"),
+    "fc_aux_input_unused": ("fc-aux-input-unused", W, "all"),
+    "aux_ids_disagree": ("aux-ids-disagree", W, "all"),
 }
 
 
@@ -221,3 +224,27 @@ def test_truncated_draft_shard_is_a_refusal(tmp_path: Path) -> None:
     findings = run_static_checks(bd.kimi_draft(tmp_path / "draft", [2, 30, 58]), None)
     assert "weights-unreadable" in {f.code for f in findings if f.severity == R}
 
+
+
+def test_per_matrix_warnings_name_the_matrix_the_aux_layer_and_each_engines_ids(built: Path) -> None:
+    def found(fault: str, code: str) -> Finding:
+        return next(f for f in run_static_checks(bd.build(fault, built), bd.SOURCE_TARGET) if f.code == code)
+
+    untrained = found("one_matrix_untrained", "matrix-untrained")
+    assert untrained.title == "layers.0.mlp.down_proj.weight looks untrained"
+    assert "7 of the draft's 8" in untrained.found
+    unused = found("fc_aux_input_unused", "fc-aux-input-unused")
+    assert unused.title == "fc ignores its input from target layer 4 (columns 256-511)"
+    disagree = found("aux_ids_disagree", "aux-ids-disagree")
+    assert "[2, 4, 6] under the top level" in disagree.found and "[1, 3, 5] under the top-level eagle_config" in \
+        disagree.found
+    assert "vLLM 0.32 captures [2, 4, 6]" in disagree.expected
+
+
+def test_the_diagnosis_names_the_layout(built: Path) -> None:
+    assert diagnose(bd.SOURCE_DRAFT, bd.SOURCE_TARGET, check_values=False).layout == (
+        "speculators (speculators_model_type eagle3, transformer_layer_config); llama layer; weights layers.N.*; "
+        "ids at the top level")
+    assert "weights midlayer.*" in diagnose(bd.build("midlayer_layout", built), None, check_values=False).layout
+    flat = diagnose(bd.sglang_view(built / "flat"), bd.SOURCE_TARGET, check_values=False).layout
+    assert flat.startswith("flat SpecForge/EAGLE config (LlamaForCausalLMEagle3)") and "ids under eagle_config" in flat
