@@ -145,7 +145,7 @@ class ConfigsBench:
         for round_no in range(1, self.plan.rounds + 1):
             for config in rotated(self.plan.configs, round_no):
                 self._measure(config, round_no)
-        points = self._points()
+        points = compare(self.plan, self.samples)
         fastest, verdict = judge(points, self.plan)
         return ConfigsResult(command=self.command_line, started_utc=started_utc,
                              duration_s=time.perf_counter() - t0, machine=machine_now(load_before),
@@ -179,10 +179,6 @@ class ConfigsBench:
         self.say(f"  round {round_no}/{self.plan.rounds} {config.name}: ready in "
                  f"{live.cold_start.seconds_to_healthy:.0f}s; tok/s {' / '.join(figures)} "
                  f"({'; '.join(p.name for p in self.plan.points)})")
-
-    def _points(self) -> list[ConfigPoint]:
-        return compare(self.plan, self.samples)
-
 
 def compare(plan: ConfigsPlan, samples: dict[tuple[str, str], list[float]]) -> list[ConfigPoint]:
     """Every configuration at every load; each draft configuration paired, round by round, with the fastest

@@ -142,29 +142,23 @@ def untrained_matrices(verdict: TrainedVerdict) -> list[Finding]:
             "measures the acceptance it costs") for e in verdict.matrices if e.looks == "random" and structured]
 
 
-def unused_aux_inputs(checkpoint: Checkpoint) -> list[Finding]:
+def unused_aux_inputs(checkpoint: Checkpoint, fc) -> list[Finding]:
     """fc takes the aux layers side by side (columns [i*H, (i+1)*H) for aux layer i). A block still at its random
     init, or near zero, next to trained ones is an aux input the draft never learnt from: the seed's fault (one
-    layer fed where three belong) frozen into the weights."""
+    layer fed where three belong) frozen into the weights. `fc` is the healthy tensor check_weights has loaded."""
     from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec
 
-    info = next((i for n, i in checkpoint.tensors.items() if n.removeprefix("model.") == "fc.weight"), None)
-    if info is None or len(info.shape) != 2 or info.dtype not in FLOAT_DTYPES:
+    if fc.dim() != 2:
         return []
     try:
         ids = draft_spec(checkpoint.config).declared_ids
     except DraftConfigError:
         ids = None
-    rows, cols = info.shape
+    rows, cols = fc.shape
     count = len(ids) if ids and cols % len(ids) == 0 else (cols // rows if cols % rows == 0 else 0)
     if count < 2:
         return []
-    try:
-        fc = load_torch(info).float()
-    except (SafetensorError, OSError):
-        return []  # reported by the health check
-    if not bool(fc.isfinite().all()):
-        return []  # reported by the health check
+    fc = fc.float()
     width = cols // count
     blocks = [fc[:, i * width:(i + 1) * width] for i in range(count)]
     norms = [float(b.norm()) for b in blocks]
@@ -300,6 +294,8 @@ def check_weights(checkpoint: Checkpoint) -> WeightReport:
         findings.extend(row_findings)
         if TRAINABLE_MATRIX.match(name) and tensor.dim() == 2 and row.status == "ok":
             evidence.append(matrix_evidence(name, tensor))
+        if name.removeprefix("model.") == "fc.weight" and row.status == "ok":
+            findings += unused_aux_inputs(checkpoint, tensor)
         del tensor
     constant = [row.name for row in health if row.status.startswith("constant") and len(row.shape) == 1]
     if constant:
@@ -309,7 +305,7 @@ def check_weights(checkpoint: Checkpoint) -> WeightReport:
             expected="trained values", fix="nothing if these norms were frozen on purpose; otherwise the draft "
                                            "may be untrained"))
     verdict = trained_verdict(evidence)
-    findings += untrained_matrices(verdict) + unused_aux_inputs(checkpoint)
+    findings += untrained_matrices(verdict)
     if verdict.verdict == "looks untrained":
         findings.append(Finding(
             code="looks-untrained", severity=Severity.WARNING, title="the draft looks untrained",
