@@ -21,28 +21,53 @@ logger = logging.getLogger("vllm.kimi_eagle")
 REPEAT_WARNING_S = 60.0
 
 
+class AcceptanceWindow:
+    """Accepted / drafted tokens over the most recent steps that hold at least `window_drafts` drafts.
+
+    The acceptance alarm (API server) and the draft fail-safe (engine core) judge the same figure over the same
+    kind of window; this is that window, once."""
+
+    def __init__(self, window_drafts: int) -> None:
+        self.window_drafts = window_drafts
+        self.clear()
+
+    def clear(self) -> None:
+        self._steps: deque[tuple[int, int, int]] = deque()
+        self.drafts = self.draft_tokens = self.accepted = 0
+
+    def add(self, num_drafts: int, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self._steps.append((num_drafts, num_draft_tokens, num_accepted_tokens))
+        self.drafts += num_drafts
+        self.draft_tokens += num_draft_tokens
+        self.accepted += num_accepted_tokens
+        while self._steps and self.drafts - self._steps[0][0] >= self.window_drafts:
+            drafts, tokens, accepted = self._steps.popleft()
+            self.drafts -= drafts
+            self.draft_tokens -= tokens
+            self.accepted -= accepted
+
+    def rate(self) -> float | None:
+        """Accepted / drafted tokens, or None while the window holds fewer than `window_drafts` drafts."""
+        if self.drafts < self.window_drafts or self.draft_tokens == 0:
+            return None
+        return self.accepted / self.draft_tokens
+
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.accepted / self.drafts if self.drafts else 1.0
+
+
 class AcceptanceWatch:
     def __init__(self, window_drafts: int, min_rate: float, collapsed_gauge, rate_gauge) -> None:
-        self.window_drafts = window_drafts
+        self.window = AcceptanceWindow(window_drafts)
         self.min_rate = min_rate
-        self._steps: deque[tuple[int, int, int]] = deque()
-        self._drafts = self._draft_tokens = self._accepted = 0
         self._collapsed_gauge, self._rate_gauge = collapsed_gauge, rate_gauge
         self._last_warning = float("-inf")
 
     def observe(self, num_drafts: int, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        self._steps.append((num_drafts, num_draft_tokens, num_accepted_tokens))
-        self._drafts += num_drafts
-        self._draft_tokens += num_draft_tokens
-        self._accepted += num_accepted_tokens
-        while self._steps and self._drafts - self._steps[0][0] >= self.window_drafts:
-            drafts, tokens, accepted = self._steps.popleft()
-            self._drafts -= drafts
-            self._draft_tokens -= tokens
-            self._accepted -= accepted
-        if self._drafts < self.window_drafts or self._draft_tokens == 0:
+        w = self.window
+        w.add(num_drafts, num_draft_tokens, num_accepted_tokens)
+        if (rate := w.rate()) is None:
             return
-        rate = self._accepted / self._draft_tokens
         self._rate_gauge.set(rate)
         collapsed = rate < self.min_rate
         self._collapsed_gauge.set(1 if collapsed else 0)
@@ -53,15 +78,15 @@ class AcceptanceWatch:
                 "(mean acceptance length %.2f): the draft is not helping, and every step pays for it. Typical causes: "
                 "a draft that is untrained or partly loaded, aux layer ids the draft was not trained on, a draft "
                 "for another target. Run `kimi-eagle doctor DRAFT --target TARGET --probe`.",
-                self._accepted, self._draft_tokens, 100 * rate, self._drafts, 1 + self._accepted / self._drafts)
+                w.accepted, w.draft_tokens, 100 * rate, w.drafts, w.mean_acceptance_length())
 
 
 def install() -> bool:
-    """Wrap vLLM's `SpecDecodingProm.observe`, which runs in the API server process for every step."""
+    """Wrap vLLM's spec-decoding loggers, which run in the API server process for every step's stats."""
     if not compat.supported("acceptance alarm"):
         return False
     from prometheus_client import Gauge
-    from vllm.v1.spec_decode.metrics import SpecDecodingProm
+    from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
 
     original = SpecDecodingProm.observe
     if getattr(original, "_kimi_eagle_watch", None):
@@ -72,14 +97,30 @@ def install() -> bool:
                       multiprocess_mode="max")
     rate = Gauge("kimi_eagle:spec_decode_window_acceptance_rate",
                  "Accepted / drafted tokens over the last window of drafts", multiprocess_mode="max")
+    bypassed = Gauge("kimi_eagle:draft_bypassed",
+                     "1 while the engine serves without drafting because the draft's acceptance collapsed "
+                     "(the draft fail-safe); 0 while it drafts", multiprocess_mode="max")
     watch = AcceptanceWatch(envs.alarm_window_drafts(), envs.alarm_min_rate(), collapsed, rate)
 
+    # A record with no drafts is the draft fail-safe's word that the engine bypasses its draft (vLLM itself sends
+    # none for a step without drafts): it sets the gauge and is kept from vLLM's own figures.
     def observe(self, spec_decoding_stats, engine_idx: int = 0):
+        if spec_decoding_stats.num_drafts == 0:
+            bypassed.set(1)
+            return
+        bypassed.set(0)
         original(self, spec_decoding_stats, engine_idx)
         if self.spec_decoding_enabled:
             watch.observe(spec_decoding_stats.num_drafts, spec_decoding_stats.num_draft_tokens,
                           spec_decoding_stats.num_accepted_tokens)
 
+    original_log_observe = SpecDecodingLogging.observe
+
+    def log_observe(self, spec_decoding_stats):
+        if spec_decoding_stats.num_drafts:
+            original_log_observe(self, spec_decoding_stats)
+
     observe._kimi_eagle_watch = watch
     SpecDecodingProm.observe = observe
+    SpecDecodingLogging.observe = log_observe
     return True

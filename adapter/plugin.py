@@ -1,8 +1,8 @@
 """The `vllm.general_plugins` entry point. vLLM calls it in every process it starts (API server, engine
 core, workers), possibly more than once per process, so everything here is idempotent.
 
-`KIMI_EAGLE_RUNTIME_CHECKS=0` turns off the draft guards and the acceptance alarm (the CPU fixes stay: without
-them the pair cannot run); `make bench` uses it to measure what the checks cost.
+`KIMI_EAGLE_RUNTIME_CHECKS=0` turns off the draft guards, the acceptance alarm and the draft fail-safe (the CPU
+fixes stay: without them the pair cannot run); `make bench` uses it to measure what the checks cost.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def register() -> None:
     cpu_fixes.apply()
     compile_cache.install()  # before any model is compiled: the key must see what the model captures
     if envs.runtime_checks():
-        from kimi_eagle.adapter import acceptance_alarm, draft_guard
+        from kimi_eagle.adapter import acceptance_alarm, draft_bypass, draft_guard
 
         draft_guard.install()
         acceptance_alarm.install()
+        draft_bypass.install()

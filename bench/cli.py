@@ -34,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: which way of serving the pair is fastest here: float32/bfloat16 x both cores bound/"
                         "vLLM's core layout x alone/with the draft, streamed and not, one server at a time (about 30 "
                         "minutes; with --quick, the two bfloat16 configurations in vLLM's layout, 2 minutes)")
+    p.add_argument("--tune", action="store_true",
+                   help="instead: the number of draft tokens for each batch size: the target alone and k=1..4 at "
+                        "1, 2, 4, 8, 16 and max-num-seqs in flight, one server at a time; the best k per batch-size "
+                        "range (0 where speculation loses) becomes a `num_speculative_tokens_per_batch_size` "
+                        "schedule, then measured side by side with the target alone and the fixed k it beat, and "
+                        "across a schedule boundary (about 20 minutes; with --quick, k=1 and 3 at 1 and 4, 4 minutes)")
+    p.add_argument("--write-profile", action="store_true",
+                   help="with --tune: write the schedule into the profile's YAML file")
     p.add_argument("--rounds", type=int, help="with --configs: rounds of the whole matrix (default 3)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
     p.add_argument("--profile", default="tiny-cpu", help="serving profile (default tiny-cpu)")
@@ -53,7 +61,8 @@ def _terminated(signum: int, frame: object) -> None:
 
 def _command_line(args: argparse.Namespace) -> str:
     """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
-    words = ["kimi-eagle", "bench", *(["--configs"] if args.configs else []), *(["--quick"] if args.quick else [])]
+    words = ["kimi-eagle", "bench", *(["--configs"] if args.configs else []), *(["--tune"] if args.tune else []),
+             *(["--quick"] if args.quick else [])]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
     if args.out != RESULTS_DIR:
@@ -115,6 +124,39 @@ def _run_configs(args: argparse.Namespace, profile: Profile, prompts: list[str],
     return 0
 
 
+def _run_tune(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str, console: Console) -> int:
+    from kimi_eagle.bench import tune
+    from kimi_eagle.bench.client import BenchRequestError
+    from kimi_eagle.loadtest.files import write_atomic, write_model
+    from kimi_eagle.serve.command import CommandError
+    from kimi_eagle.serve.launch import ServerStartError
+
+    plan = tune.QUICK if args.quick else tune.FULL
+    name = f"{plan.mode}-{stamp}"
+    bench = tune.TuneBench(plan, profile, target=args.target, draft=args.draft, prompts=prompts,
+                           files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = bench.run()
+    except (ServerStartError, BenchRequestError, CommandError) as exc:
+        return fail("bench", str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    json_path = write_model(args.out / f"{name}.json", result)
+    md_path = write_atomic(args.out / f"{name}.md", tune.markdown(result))
+    console.print(f"results: {json_path}, {md_path}")
+    if args.write_profile and result.schedule is not None:
+        from kimi_eagle.serve.profile import profile_path, write_schedule
+
+        path = profile_path(args.profile)
+        write_schedule(path, result.schedule, source=str(json_path))
+        console.print(f"wrote the schedule into {path}")
+    print(result.verdict)
+    print("Profile setting (serve/profiles/<profile>.yaml):")
+    print(tune.profile_setting(result))
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -136,6 +178,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
     if args.rounds is not None and (not args.configs or args.rounds < 1):
         return fail("bench", "--rounds N (N >= 1) goes with --configs")
+    if args.tune and args.configs:
+        return fail("bench", "--tune and --configs are two different runs: give one")
+    if args.write_profile and not args.tune:
+        return fail("bench", "--write-profile goes with --tune")
     plan = QUICK if args.quick else FULL
     try:
         profile = load_profile(args.profile)
@@ -148,6 +194,8 @@ def run_bench(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.configs:
         return _run_configs(args, profile, prompts, stamp, console)
+    if args.tune:
+        return _run_tune(args, profile, prompts, stamp, console)
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
                   files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)

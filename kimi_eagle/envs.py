@@ -19,7 +19,8 @@ class Knob:
 
 
 RUNTIME_CHECKS = Knob("KIMI_EAGLE_RUNTIME_CHECKS", "1",
-                      "0 turns off the draft guards and the acceptance alarm inside vLLM (the CPU fixes stay); "
+                      "0 turns off the draft guards, the acceptance alarm and the draft fail-safe inside vLLM (the CPU "
+                      "fixes stay); "
                       "`make bench` measures what they cost with it")
 STATIC_CHECKS = Knob("KIMI_EAGLE_STATIC_CHECKS", "1",
                      "0 skips only the static file checks at engine start (a draft that is not a local folder)")
@@ -27,10 +28,15 @@ ALARM_WINDOW_DRAFTS = Knob("KIMI_EAGLE_ALARM_WINDOW_DRAFTS", "200",
                            "drafts in the acceptance alarm's window")
 ALARM_MIN_RATE = Knob("KIMI_EAGLE_ALARM_MIN_RATE", "0.05",
                       "accepted / drafted tokens over the window below which the alarm goes off")
+BYPASS = Knob("KIMI_EAGLE_BYPASS", "1",
+               "0 turns off the draft fail-safe (the engine stops drafting when acceptance collapses); the alarm "
+               "stays")
+BYPASS_RETRY_S = Knob("KIMI_EAGLE_BYPASS_RETRY_S", "300",
+                      "seconds between retries of a bypassed draft (one alarm window of drafts each); 0: never retry")
 FAULT = Knob("KIMI_EAGLE_FAULT", "",
              "fault injection for the guards' own tests: `aux-single-layer` makes the target capture one aux layer")
 
-KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, FAULT)
+KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, FAULT)
 
 
 def runtime_checks() -> bool:
@@ -47,6 +53,14 @@ def alarm_window_drafts() -> int:
 
 def alarm_min_rate() -> float:
     return float(ALARM_MIN_RATE.get())
+
+
+def bypass_enabled() -> bool:
+    return BYPASS.get() != "0"
+
+
+def bypass_retry_s() -> float:
+    return float(BYPASS_RETRY_S.get())
 
 
 def fault() -> str:

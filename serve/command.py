@@ -124,6 +124,9 @@ def build_command(profile: Profile, *, target: str | None = None, draft: str | N
     if draft_path:
         spec = {"model": draft_path, "method": profile.speculative.method,
                 "num_speculative_tokens": num_speculative_tokens or profile.speculative.num_speculative_tokens}
+        # A fixed k asked for on the command line (bench, -k) replaces the profile's schedule.
+        if profile.speculative.num_speculative_tokens_per_batch_size and num_speculative_tokens is None:
+            spec["num_speculative_tokens_per_batch_size"] = profile.speculative.num_speculative_tokens_per_batch_size
         argv += ["--speculative-config", json.dumps(spec)]
         if profile.speculative.per_request_metrics != "none":
             argv += ["--per-request-spec-decode-metrics", profile.speculative.per_request_metrics]

@@ -21,6 +21,11 @@ class Speculative(BaseModel):
     model_config = ConfigDict(extra="forbid")
     method: Literal["eagle3"] = Field("eagle3", description="vLLM's speculative method; EAGLE-3 drafts only.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens proposed per step (k).")
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(
+        None, description="vLLM's dynamic speculation schedule: [[first, last, k], ...] inclusive batch-size ranges, "
+                          "the first starting at 1, k <= num_speculative_tokens and 0 where speculation loses; "
+                          "measured by `kimi-eagle bench --tune`. Passed in --speculative-config; --dry-run "
+                          "checks it with vLLM's own code.")
     per_request_metrics: Literal["none", "summary", "detailed"] = Field(
         "none", description="vLLM's --per-request-spec-decode-metrics: each response carries its own acceptance "
                             "(`metrics.speculative_decoding`). Passed only when a draft is served: vLLM refuses "
@@ -47,10 +52,15 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str) -> Profile:
+def profile_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):  # names have dots too: kimi-k2.5-h200x8
         path = PROFILES_DIR / f"{name_or_path}.yaml"
+    return path
+
+
+def load_profile(name_or_path: str) -> Profile:
+    path = profile_path(name_or_path)
     if not path.is_file():
         raise ProfileError(f"no profile {name_or_path!r}: known profiles are {', '.join(available_profiles())} "
                            f"(or give the path of a YAML file)")
@@ -59,6 +69,26 @@ def load_profile(name_or_path: str) -> Profile:
         return Profile.model_validate(data)
     except (yaml.YAMLError, ValueError) as exc:
         raise ProfileError(f"profile {path} is not valid: {exc}") from None
+
+
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+
+
+def write_schedule(path: Path, schedule: list[tuple[int, int, int]], source: str) -> None:
+    """Put a measured schedule (and the k it needs) into the profile's `speculative:` block, keeping the file's
+    comments: the line is replaced where it exists, else added under `num_speculative_tokens`."""
+    lines = path.read_text().splitlines()
+    k_line = next((i for i, line in enumerate(lines) if line.strip().startswith("num_speculative_tokens:")), None)
+    if k_line is None:
+        raise ProfileError(f"{path}: no `speculative.num_speculative_tokens` line to put the schedule under")
+    indent = lines[k_line][: len(lines[k_line]) - len(lines[k_line].lstrip())]
+    lines[k_line] = f"{indent}num_speculative_tokens: {max(k for _, _, k in schedule)}"
+    lines = [line for line in lines if not line.strip().startswith((f"{SCHEDULE_KEY}:", f"# {SCHEDULE_KEY} "))]
+    k_line = next(i for i, line in enumerate(lines) if line.strip().startswith("num_speculative_tokens:"))
+    lines[k_line + 1:k_line + 1] = [f"{indent}# {SCHEDULE_KEY} measured by `kimi-eagle bench --tune` ({source})",
+                                    f"{indent}{SCHEDULE_KEY}: {[list(r) for r in schedule]}"]
+    path.write_text("\n".join(lines) + "\n")
+    load_profile(str(path))  # what was written must load
 
 
 def resolve_model_path(ref: str) -> str:

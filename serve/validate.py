@@ -117,6 +117,8 @@ def _check_engine_config(namespace: object, report: ValidationReport) -> None:
     par, spec_config = vllm_config.parallel_config, vllm_config.speculative_config
     speculative = (f"speculative ({spec_config.method}, {spec_config.num_speculative_tokens} tokens, draft "
                    f"{spec_config.draft_model_config.architecture})" if spec_config else "no speculation")
+    if spec_config is not None and spec_config.num_speculative_tokens_per_batch_size:
+        report.checked.append(_check_schedule(vllm_config))
     report.checked.append(
         f"the engine config vLLM starts from (`create_engine_config`): model ({vllm_config.model_config.architecture}, "
         f"{vllm_config.model_config.quantization or 'unquantised'}, max-model-len "
@@ -128,6 +130,28 @@ def _check_engine_config(namespace: object, report: ValidationReport) -> None:
         "`kimi-eagle sizing`), NCCL; and the checkpoint's tensors (no weight file is opened)",
         f"for a GPU deployment, what vLLM's CPU platform set its own way here: {', '.join(CPU_PLATFORM_OVERRIDES)}",
     ]
+
+
+def _check_schedule(vllm_config: object) -> str:
+    """vLLM reads the schedule only when its scheduler starts: build its lookup the way the scheduler will."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    spec = vllm_config.speculative_config
+    max_num_seqs = vllm_config.scheduler_config.max_num_seqs
+    try:
+        lookup = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size, max_num_seqs,
+                                                  spec.num_speculative_tokens)
+    except ValueError as exc:
+        raise CommandError(f"num_speculative_tokens_per_batch_size {spec.num_speculative_tokens_per_batch_size}: "
+                           f"vLLM's scheduler would refuse it: {exc}") from None
+    ranges, start = [], 1
+    for size in range(2, max_num_seqs + 2):
+        if size > max_num_seqs or lookup[size] != lookup[start]:
+            sizes = f"{start}-{size - 1}" if size - 1 > start else f"{start}"
+            ranges.append(f"{sizes}: k={lookup[start]}")
+            start = size
+    return (f"the dynamic speculation schedule, as vLLM's scheduler will expand it (`build_dynamic_sd_schedule_lookup`"
+            f", up to max-num-seqs {max_num_seqs}): batch size {', '.join(ranges)}")
 
 
 def _config_error_message(exc: BaseException) -> str:

@@ -104,3 +104,36 @@ def test_quick_configs_benchmark_serves_the_default_layout_streamed_and_not(tmp_
     assert all(s.seconds_to_healthy > 0 and s.peak_rss_bytes > 500 * 2**20 for s in result.starts)
     assert result.fastest == draft and result.verdict in done.stdout
     assert f"| {draft} |" in json_path.with_suffix(".md").read_text()
+
+
+def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
+    """`bench --tune --quick`: the sweep, a schedule made of it, the tuned server measured beside the others, and a
+    load across the schedule's boundary; the schedule the run wrote into a copy of the profile loads."""
+    from kimi_eagle.bench.tune import QUICK as TUNE_QUICK
+    from kimi_eagle.bench.tune import TuneResult
+    from kimi_eagle.serve.profile import PROFILES_DIR, load_profile
+
+    profile = tmp_path / "tiny-cpu-exact.yaml"
+    profile.write_text((PROFILES_DIR / f"{EXACT_PROFILE}.yaml").read_text())
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--tune", "--quick", "--out",
+                           str(tmp_path), "--profile", str(profile), "--write-profile"],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [json_path] = tmp_path.glob("tune-quick-*.json")
+    result = TuneResult.model_validate_json(json_path.read_text())
+    assert result.max_num_seqs == 16
+    assert {p.concurrency for p in result.sweep} == {*TUNE_QUICK.concurrency, 16}
+    assert {p.config for p in result.sweep} == {"alone", "k=1", "k=3"}
+    assert all(p.tokens_per_s.min > 0 and p.tokens_per_s.n == TUNE_QUICK.rounds for p in result.sweep)
+    assert result.verdict in done.stdout
+    if result.schedule is None:  # possible on a machine where the draft never pays: then nothing is written
+        assert "serve this pair without its draft" in result.verdict
+        return
+    assert result.schedule[0][0] == 1 and result.schedule[-1][1] == 16
+    assert {p.config for p in result.proof} >= {"alone", "tuned"}
+    assert {p.concurrency for p in result.proof_points} == {*TUNE_QUICK.concurrency, 16}
+    written = load_profile(str(profile)).speculative
+    assert written.num_speculative_tokens_per_batch_size == [tuple(r) for r in result.schedule]
+    assert written.num_speculative_tokens == max(k for _, _, k in result.schedule)
+    if result.crossing is not None:
+        assert result.crossing.segments >= 2 and result.crossing.tokens_per_s > 0

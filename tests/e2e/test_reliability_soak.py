@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kimi_eagle.loadtest.results import load_records, load_summary
-from tests.helpers.server import Server, engine_gauges, greedy_ids, server_rss_bytes, wait_idle
+from tests.helpers.server import Server, engine_gauges, greedy_ids, metric_value, server_rss_bytes, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -124,4 +124,7 @@ def test_soak_without_failures_leaks_or_drift(spec_server: Server, tmp_path: Pat
         assert abs(w - overall) <= ACCEPTANCE_TOLERANCE * overall, f"acceptance drifted: {windows} vs {overall}"
     wait_idle(spec_server.url)
     assert greedy_ids(spec_server.url, spec_server.model) == reference
+    # The trained draft pays all along: the fail-safe never took it out.
+    assert metric_value(spec_server.url, "kimi_eagle:draft_bypassed") == 0.0
+    assert "DRAFT BYPASSED" not in spec_server.log.read_text()
 

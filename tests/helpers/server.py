@@ -67,6 +67,13 @@ def engine_gauges(url: str) -> dict[str, float]:
     return out
 
 
+def metric_value(url: str, name: str) -> float | None:
+    """One sample of /metrics by its name (summed over its labels), or None when the server exports none."""
+    values = [sample.value for family in text_string_to_metric_families(requests.get(f"{url}/metrics", timeout=10).text)
+              for sample in family.samples if sample.name == name]
+    return sum(values) if values else None
+
+
 def wait_idle(url: str, timeout_s: float = 60) -> float:
     """Seconds until no request is running or waiting; fails the test if the engine keeps some."""
     started = time.monotonic()

@@ -131,3 +131,49 @@ def test_profile_bounds_the_queue_and_n() -> None:
     assert batch <= queued <= 16 * batch
     assert 1 <= int(command.env["VLLM_MAX_N_SEQUENCES"]) <= queued
 
+
+
+def _with_schedule(schedule: list) -> Profile:
+    profile = load_profile("tiny-cpu")
+    speculative = profile.speculative.model_copy(update={"num_speculative_tokens": 4,
+                                                         "num_speculative_tokens_per_batch_size": schedule})
+    return profile.model_copy(update={"speculative": speculative})
+
+
+def test_a_profiles_schedule_reaches_vllm_and_the_dry_run_expands_it_as_the_scheduler_will() -> None:
+    command = build_command(_with_schedule([[1, 1, 4], [2, 4, 3], [5, 16, 0]]))
+    spec = json.loads(_flag(command.argv, "--speculative-config"))
+    assert spec["num_speculative_tokens"] == 4
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 4, 3], [5, 16, 0]]
+    report = validate_with_vllm(command)
+    assert "batch size 1: k=4, 2-4: k=3, 5-16: k=0" in "\n".join(report.checked)
+
+
+def test_a_fixed_k_asked_for_replaces_the_schedule() -> None:
+    command = build_command(_with_schedule([[1, 16, 2]]), num_speculative_tokens=3)
+    spec = json.loads(_flag(command.argv, "--speculative-config"))
+    assert spec["num_speculative_tokens"] == 3 and "num_speculative_tokens_per_batch_size" not in spec
+
+
+@pytest.mark.parametrize(("schedule", "reason"), [
+    ([[2, 16, 3]], "must start at 1"),
+    ([[1, 8, 3], [4, 16, 2]], "non-overlapping"),
+])
+def test_a_schedule_vllms_scheduler_would_refuse_fails_the_dry_run(schedule: list, reason: str) -> None:
+    with pytest.raises(CommandError, match=reason):
+        validate_with_vllm(build_command(_with_schedule(schedule)))
+
+
+def test_write_schedule_keeps_the_profiles_comments_and_loads(tmp_path) -> None:
+    from kimi_eagle.serve.profile import write_schedule
+
+    path = tmp_path / "p.yaml"
+    path.write_text((PROFILES_DIR / "tiny-cpu.yaml").read_text())
+    write_schedule(path, [(1, 4, 4), (5, 16, 2)], source="bench/results/tune-x.json")
+    write_schedule(path, [(1, 2, 3), (3, 16, 0)], source="bench/results/tune-y.json")  # replaces, never duplicates
+    text = path.read_text()
+    assert text.count("num_speculative_tokens_per_batch_size:") == 1 and "tune-y.json" in text
+    assert "tune-x.json" not in text and "# The default profile" in text
+    profile = load_profile(str(path))
+    assert profile.speculative.num_speculative_tokens == 3
+    assert profile.speculative.num_speculative_tokens_per_batch_size == [(1, 2, 3), (3, 16, 0)]

@@ -1,0 +1,270 @@
+"""The draft fail-safe: when the draft stops matching the target, the engine stops drafting.
+
+A draft whose acceptance collapsed (the seed's story: 0.20 for days) makes every step slower than the target alone:
+each step still runs the draft k times and verifies k tokens that are then thrown away. The acceptance alarm says
+so from the API server, where nothing can be switched; this runs in the engine core, inside vLLM's scheduler, and
+acts. It uses vLLM's own dynamic speculative decoding: the scheduler looks the number of draft tokens up per step
+(`Scheduler.dynamic_sd_lookup`, batch size -> k, which a `num_speculative_tokens_per_batch_size` schedule fills),
+and a lookup of zeros schedules none. vLLM's k=0 still runs the draft's first pass over every new token (to keep
+the draft's KV cache in step), which on the tiny CPU pair costs 30% of the target's speed; so where the runner does
+its bookkeeping synchronously (no async scheduling: every CPU engine), the bypassed step also tells the worker to
+skip the draft altogether. The draft's KV cache then misses what was generated meanwhile, so a retry judges the
+draft only on requests admitted after the retry began, whose draft KV cache is whole.
+
+States: drafting -> (accepted / drafted tokens over `KIMI_EAGLE_ALARM_WINDOW_DRAFTS` drafts below
+`KIMI_EAGLE_ALARM_MIN_RATE`) -> bypassed -> (every `KIMI_EAGLE_BYPASS_RETRY_S` seconds) retrying, the configured
+lookup restored for one window of drafts -> drafting again if acceptance recovered, else bypassed.
+
+The API server learns the state from the stats vLLM already sends it each step: while bypassed, the engine sends a
+spec-decoding record with no drafts (vLLM sends none for a step without drafts), which `acceptance_alarm` turns
+into the gauge `kimi_eagle:draft_bypassed`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+
+from kimi_eagle import envs
+from kimi_eagle.adapter import compat
+from kimi_eagle.adapter.acceptance_alarm import AcceptanceWindow
+
+logger = logging.getLogger("vllm.kimi_eagle")
+
+
+class State(enum.Enum):
+    DRAFTING = "drafting"
+    BYPASSED = "bypassed"
+    RETRYING = "retrying"
+
+
+RETRY_TIMEOUT_S = 60.0  # a retry that sees no full window of new requests' drafts in this long ends, bypassed
+
+
+class DraftBypass:
+    """Decides from each step's drafted and accepted tokens whether the next steps draft."""
+
+    def __init__(self, window_drafts: int, min_rate: float, retry_every_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = AcceptanceWindow(window_drafts)
+        self.min_rate = min_rate
+        self.retry_every_s = retry_every_s
+        self.clock = clock
+        self.state = State.DRAFTING
+        self.bypassed_at = self.retry_started_at = 0.0
+        self.bypasses = 0
+        self._fresh: set[str] = set()  # requests admitted since the retry began
+        self._step = [0, 0, 0]
+
+    @property
+    def drafting(self) -> bool:
+        return self.state is not State.BYPASSED
+
+    def admitted(self, request_id: str) -> None:
+        if self.state is State.RETRYING:
+            self._fresh.add(request_id)
+
+    def count_draft(self, request_id: str, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """One request's verified draft in the current step (vLLM's own count: `make_spec_decoding_stats`)."""
+        if self.state is State.RETRYING and request_id not in self._fresh:
+            return
+        self._step[0] += 1
+        self._step[1] += num_draft_tokens
+        self._step[2] += num_accepted_tokens
+
+    def end_step(self) -> None:
+        drafts, tokens, accepted = self._step
+        self._step = [0, 0, 0]
+        # While bypassed, drafts proposed before the switch are still verified in the next step: not a retry.
+        if self.state is State.BYPASSED or not drafts:
+            return
+        self.window.add(drafts, tokens, accepted)
+        if (rate := self.window.rate()) is None:
+            return
+        if rate < self.min_rate:
+            self._bypass(f"the retry accepted {100 * rate:.1f}% of drafted tokens over {self.window.drafts} drafts")
+        elif self.state is State.RETRYING:
+            self.state = State.DRAFTING
+            self._fresh.clear()
+            logger.warning("kimi-eagle: draft fail-safe: the draft's acceptance recovered (%.1f%% of drafted tokens "
+                           "over %d drafts, mean acceptance length %.2f): speculation resumed",
+                           100 * rate, self.window.drafts, self.window.mean_acceptance_length())
+
+    def before_schedule(self) -> None:
+        now = self.clock()
+        if self.state is State.BYPASSED and self.retry_every_s > 0 and now - self.bypassed_at >= self.retry_every_s:
+            self.state = State.RETRYING
+            self.retry_started_at = now
+            self.window.clear()
+            logger.info("kimi-eagle: draft fail-safe: retrying the draft on the next %d drafts of new requests",
+                        self.window.window_drafts)
+        elif self.state is State.RETRYING and now - self.retry_started_at >= RETRY_TIMEOUT_S:
+            self._bypass(f"the retry saw {self.window.drafts} drafts of new requests in {RETRY_TIMEOUT_S:g} s, "
+                         f"fewer than a window of {self.window.window_drafts}")
+
+    def _bypass(self, retry_result: str) -> None:
+        w = self.window
+        retry = (f"it is tried again every {self.retry_every_s:g} s ({envs.BYPASS_RETRY_S.name})"
+                 if self.retry_every_s > 0 else f"it is not tried again ({envs.BYPASS_RETRY_S.name}=0)")
+        if self.state is State.RETRYING:
+            logger.info("kimi-eagle: draft fail-safe: %s: still bypassed; %s", retry_result, retry)
+        else:
+            rate = w.accepted / w.draft_tokens
+            logger.warning(
+                "kimi-eagle: DRAFT BYPASSED: %d of %d drafted tokens accepted (%.1f%%, below %.1f%%) over the last "
+                "%d drafts (mean acceptance length %.2f): the draft does not match this target, so the engine now "
+                "serves without drafting, at the target's own speed; %s. Run `kimi-eagle doctor DRAFT --target "
+                "TARGET --probe` to find out why.", w.accepted, w.draft_tokens, 100 * rate, 100 * self.min_rate,
+                w.drafts, w.mean_acceptance_length(), retry)
+        self.state = State.BYPASSED
+        self.bypassed_at = self.clock()
+        self.bypasses += 1
+        self._fresh.clear()
+        w.clear()
+
+
+def unavailable_reason(vllm_config) -> str | None:
+    """Why the fail-safe cannot switch k on this engine, or None when it can."""
+    spec = vllm_config.speculative_config
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        # vLLM turns its own schedule off under data parallelism for the same reason.
+        return ("data parallelism: ranks that pick different numbers of draft tokens diverge and deadlock "
+                "(vLLM disables its own schedule there)")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() or vllm_config.model_config.enforce_eager:
+        return None
+    schedule = spec.num_speculative_tokens_per_batch_size
+    if schedule and any(int(k) == 0 for _, _, k in schedule):
+        return None  # vLLM prepared its CUDA graphs for every k of the schedule, 0 among them
+    return ("vLLM captures CUDA graphs for the verification lengths it expects at start, and k=0 is not among "
+            "them: give the speculative config a `num_speculative_tokens_per_batch_size` schedule with a 0 in "
+            "it, or --enforce-eager")
+
+
+def _zero_draft_stats(num_spec_tokens: int):
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    return SpecDecodingStats.new(num_spec_tokens)
+
+
+SKIP_DRAFT = "kimi_eagle_skip_draft"  # set on a SchedulerOutput (pickled with it to the worker): run no draft
+
+
+def install() -> bool:
+    """Wrap vLLM's `Scheduler` (engine core process) and its model runner's `propose_draft_token_ids` (worker)."""
+    if not envs.bypass_enabled():
+        return False
+    if not compat.supported("draft fail-safe"):
+        return False
+    _install_scheduler()
+    _install_runner()
+    return True
+
+
+def _install_scheduler() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler.__init__, "_kimi_eagle_bypass", False):
+        return
+    original_init = Scheduler.__init__
+    original_add = Scheduler.add_request
+    original_schedule = Scheduler.schedule
+    original_count = Scheduler.make_spec_decoding_stats
+    original_update = Scheduler.update_from_output
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self._kimi_eagle_bypass = None
+        spec = self.vllm_config.speculative_config
+        if spec is None or not spec.use_eagle() or self.num_spec_tokens <= 0:
+            return
+        if reason := unavailable_reason(self.vllm_config):
+            logger.warning("kimi-eagle: draft fail-safe off: %s. The acceptance alarm still watches.", reason)
+            return
+        self._kimi_eagle_bypass = DraftBypass(envs.alarm_window_drafts(), envs.alarm_min_rate(),
+                                              envs.bypass_retry_s())
+        self._kimi_eagle_lookup = self.dynamic_sd_lookup  # the configured schedule (None: k always)
+        self._kimi_eagle_zeros = [0] * (self.scheduler_config.max_num_seqs + 1)
+        # With async scheduling the runner's next step reads bookkeeping that the draft pass writes: keep vLLM's
+        # own k=0 there (the draft still runs its first pass); skip the draft only where bookkeeping is synchronous.
+        self._kimi_eagle_skip = not self.scheduler_config.async_scheduling
+
+    def add_request(self, request, *args, **kwargs):
+        if self._kimi_eagle_bypass is not None:
+            self._kimi_eagle_bypass.admitted(request.request_id)
+        return original_add(self, request, *args, **kwargs)
+
+    def schedule(self, *args, **kwargs):
+        bypass = self._kimi_eagle_bypass
+        if bypass is None:
+            return original_schedule(self, *args, **kwargs)
+        bypass.before_schedule()
+        self.dynamic_sd_lookup = self._kimi_eagle_lookup if bypass.drafting else self._kimi_eagle_zeros
+        output = original_schedule(self, *args, **kwargs)
+        if self._kimi_eagle_skip and not bypass.drafting:
+            setattr(output, SKIP_DRAFT, True)
+        return output
+
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        if self._kimi_eagle_bypass is not None and num_draft_tokens:
+            invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
+            self._kimi_eagle_bypass.count_draft(request_id, num_draft_tokens - invalid, num_accepted_tokens)
+        return original_count(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                              num_invalid_spec_tokens, request_id)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = original_update(self, scheduler_output, model_runner_output)
+        bypass = self._kimi_eagle_bypass
+        if bypass is not None:
+            bypass.end_step()
+            if not bypass.drafting:
+                for eco in outputs.values():
+                    stats = eco.scheduler_stats
+                    if stats is not None and stats.spec_decoding_stats is None:
+                        stats.spec_decoding_stats = _zero_draft_stats(self.num_spec_tokens)
+        return outputs
+
+    init._kimi_eagle_bypass = True
+    Scheduler.__init__ = init
+    Scheduler.add_request = add_request
+    Scheduler.schedule = schedule
+    Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
+    Scheduler.update_from_output = update_from_output
+
+
+def _install_runner() -> None:
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original_execute = GPUModelRunner.execute_model
+    original_sample = GPUModelRunner._sample
+    original_propose = GPUModelRunner.propose_draft_token_ids
+    if getattr(original_propose, "_kimi_eagle_bypass", False):
+        return
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        self._kimi_eagle_skip_draft = getattr(scheduler_output, SKIP_DRAFT, False)
+        return original_execute(self, scheduler_output, *args, **kwargs)
+
+    def _sample(self, logits, spec_decode_metadata):
+        # With a draft configured, vLLM sends every step through the rejection sampler, drafts or none; a bypassed
+        # step has none, and the plain sampler gives the same tokens for 5% less of the step on the tiny CPU pair.
+        if (getattr(self, "_kimi_eagle_skip_draft", False) and spec_decode_metadata is not None
+                and spec_decode_metadata.max_spec_len == 0):
+            spec_decode_metadata = None
+        return original_sample(self, logits, spec_decode_metadata)
+
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        if getattr(scheduler_output, SKIP_DRAFT, False):
+            # What vLLM's own k=0 returns (no draft tokens for any request), without running the draft.
+            return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
+        return original_propose(self, scheduler_output, *args, **kwargs)
+
+    propose_draft_token_ids._kimi_eagle_bypass = True
+    GPUModelRunner.execute_model = execute_model
+    GPUModelRunner._sample = _sample
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids

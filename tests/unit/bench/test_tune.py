@@ -1,0 +1,44 @@
+"""`bench --tune`'s arithmetic: the best k by concurrency, the schedule made of it, and the proof's verdict."""
+
+from __future__ import annotations
+
+from kimi_eagle.bench.stats import spread
+from kimi_eagle.bench.tune import (
+    TunePoint,
+    best_k_by_concurrency,
+    boundary,
+    judge_proof,
+    schedule_from,
+)
+
+
+def point(config: str, c: int, *tps: float) -> TunePoint:
+    return TunePoint(config=config, concurrency=c, per_round=list(tps), tokens_per_s=spread(list(tps)))
+
+
+def test_the_best_k_is_the_highest_median_and_zero_where_the_target_alone_wins() -> None:
+    points = [point("alone", 1, 300, 310), point("k=2", 1, 380, 390), point("k=4", 1, 400, 395),
+              point("alone", 16, 1000, 1010), point("k=2", 16, 900, 990), point("k=4", 16, 700, 720)]
+    assert best_k_by_concurrency(points) == {1: 4, 16: 0}
+
+
+def test_each_concurrency_covers_the_batch_sizes_up_to_it_and_equal_neighbours_merge() -> None:
+    assert schedule_from({1: 4, 2: 3, 4: 3, 8: 0, 16: 0}, max_num_seqs=16) == [(1, 1, 4), (2, 4, 3), (5, 16, 0)]
+    assert schedule_from({1: 3, 4: 2}, max_num_seqs=32) == [(1, 1, 3), (2, 32, 2)]  # the last range to max-num-seqs
+
+
+def test_no_schedule_when_speculation_never_pays() -> None:
+    assert schedule_from({1: 0, 4: 0}, max_num_seqs=16) is None
+
+
+def test_the_crossing_straddles_the_first_boundary_between_two_loads_of_the_sweep() -> None:
+    assert boundary([(1, 1, 4), (2, 4, 3), (5, 16, 0)], [1, 2, 4, 8, 16]) == (1, 2)
+    assert boundary([(1, 16, 3)], [1, 4, 16]) is None
+
+
+def test_the_proof_holds_within_the_noise_band_and_fails_outside_it() -> None:
+    points = [point("alone", 1, 300, 300), point("k=4", 1, 400, 420), point("tuned", 1, 405, 395),
+              point("alone", 16, 1000, 1000), point("k=4", 16, 700, 700), point("tuned", 16, 800, 810)]
+    at_1, at_16 = judge_proof(points)
+    assert at_1.best_other == "k=4" and at_1.holds  # 400 vs 410: inside the +/-2.4% band
+    assert at_16.best_other == "alone" and not at_16.holds and round(at_16.ratio, 3) == 0.805
