@@ -228,6 +228,18 @@ def _install_scheduler() -> None:
                         stats.spec_decoding_stats = _zero_draft_stats(self.num_spec_tokens)
         return outputs
 
+    from vllm.v1.engine.core import EngineCore
+
+    original_post_step = EngineCore.post_step
+
+    def post_step(self, model_executed: bool) -> None:
+        # After every step vLLM asks the worker for its drafts, a round trip of its own; bypassed, it made none.
+        bypass = getattr(self.scheduler, "_kimi_eagle_bypass", None)
+        if bypass is not None and not bypass.drafting and self.scheduler._kimi_eagle_skip:
+            return
+        original_post_step(self, model_executed)
+
+    EngineCore.post_step = post_step
     init._kimi_eagle_bypass = True
     Scheduler.__init__ = init
     Scheduler.add_request = add_request

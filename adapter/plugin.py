@@ -17,9 +17,10 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from kimi_eagle.adapter import compile_cache, cpu_fixes
+    from kimi_eagle.adapter import compile_cache, cpu_fixes, cpu_layout
 
     cpu_fixes.apply()
+    cpu_layout.install()
     compile_cache.install()  # before any model is compiled: the key must see what the model captures
     if envs.runtime_checks():
         from kimi_eagle.adapter import acceptance_alarm, draft_bypass, draft_guard

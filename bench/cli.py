@@ -8,6 +8,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "range (0 where speculation loses) becomes a `num_speculative_tokens_per_batch_size` "
                         "schedule, then measured side by side with the target alone and the fixed k it beat, and "
                         "across a schedule boundary (about 20 minutes; with --quick, k=1 and 3 at 1 and 4, 4 minutes)")
+    p.add_argument("--bypass", action="store_true",
+                   help="instead: what the draft fail-safe buys on a random-weight copy of the profile's draft: the "
+                        "target alone, that draft with the fail-safe off, and on, at 1 and 4 in flight, one server at "
+                        "a time, and how long after the load began it bypassed the draft (about 5 minutes)")
     p.add_argument("--write-profile", action="store_true",
                    help="with --tune: write the schedule into the profile's YAML file")
     p.add_argument("--rounds", type=int, help="with --configs: rounds of the whole matrix (default 3)")
@@ -62,6 +67,7 @@ def _terminated(signum: int, frame: object) -> None:
 def _command_line(args: argparse.Namespace) -> str:
     """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
     words = ["kimi-eagle", "bench", *(["--configs"] if args.configs else []), *(["--tune"] if args.tune else []),
+             *(["--bypass"] if args.bypass else []),
              *(["--quick"] if args.quick else [])]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
@@ -96,65 +102,69 @@ def _rewrite_report(path: Path) -> int:
     return 0
 
 
-def _run_configs(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str, console: Console) -> int:
-    from kimi_eagle.bench import configs
+def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, profile: Profile,
+              prompts: list[str], stamp: str, console: Console):
+    """Run one of the one-server-at-a-time modes (configs, tune, bypass) and write its results; returns the result
+    and its JSON path, or an exit code when it could not run."""
     from kimi_eagle.bench.client import BenchRequestError
     from kimi_eagle.loadtest.files import write_atomic, write_model
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.launch import ServerStartError
+
+    name = f"{plan.mode}-{stamp}"
+    bench = bench_class(plan, profile, target=args.target, draft=args.draft, prompts=prompts,
+                        files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = bench.run()
+    except (ServerStartError, BenchRequestError, CommandError) as exc:
+        return fail("bench", str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    json_path = write_model(args.out / f"{name}.json", result)
+    md_path = write_atomic(args.out / f"{name}.md", markdown(result))
+    console.print(f"results: {json_path}, {md_path}")
+    print(result.verdict)
+    return result, json_path
+
+
+def _run_configs(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str, console: Console) -> int:
+    from kimi_eagle.bench import configs
 
     plan = configs.QUICK if args.quick else configs.FULL
     if args.rounds is not None:
         plan = plan.model_copy(update={"rounds": args.rounds})
-    name = f"{plan.mode}-{stamp}"
-    bench = configs.ConfigsBench(plan, profile, target=args.target, draft=args.draft, prompts=prompts,
-                                 files_dir=args.out / f"{name}-files",
-                                 command_line=_command_line(args), say=console.print)
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        result = bench.run()
-    except (ServerStartError, BenchRequestError, CommandError) as exc:
-        return fail("bench", str(exc))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    json_path = write_model(args.out / f"{name}.json", result)
-    md_path = write_atomic(args.out / f"{name}.md", configs.markdown(result))
-    console.print(f"results: {json_path}, {md_path}")
-    print(result.verdict)
-    return 0
+    outcome = _run_mode(plan, configs.ConfigsBench, configs.markdown, args, profile, prompts, stamp, console)
+    return outcome if isinstance(outcome, int) else 0
 
 
 def _run_tune(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str, console: Console) -> int:
     from kimi_eagle.bench import tune
-    from kimi_eagle.bench.client import BenchRequestError
-    from kimi_eagle.loadtest.files import write_atomic, write_model
-    from kimi_eagle.serve.command import CommandError
-    from kimi_eagle.serve.launch import ServerStartError
+    from kimi_eagle.bench.run import _within_checkout
 
     plan = tune.QUICK if args.quick else tune.FULL
-    name = f"{plan.mode}-{stamp}"
-    bench = tune.TuneBench(plan, profile, target=args.target, draft=args.draft, prompts=prompts,
-                           files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        result = bench.run()
-    except (ServerStartError, BenchRequestError, CommandError) as exc:
-        return fail("bench", str(exc))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    json_path = write_model(args.out / f"{name}.json", result)
-    md_path = write_atomic(args.out / f"{name}.md", tune.markdown(result))
-    console.print(f"results: {json_path}, {md_path}")
+    outcome = _run_mode(plan, tune.TuneBench, tune.markdown, args, profile, prompts, stamp, console)
+    if isinstance(outcome, int):
+        return outcome
+    result, json_path = outcome
     if args.write_profile and result.schedule is not None:
         from kimi_eagle.serve.profile import profile_path, write_schedule
 
         path = profile_path(args.profile)
-        write_schedule(path, result.schedule, source=str(json_path))
+        write_schedule(path, result.schedule, source=_within_checkout(json_path))
         console.print(f"wrote the schedule into {path}")
-    print(result.verdict)
     print("Profile setting (serve/profiles/<profile>.yaml):")
     print(tune.profile_setting(result))
     return 0
+
+
+def _run_bypass(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str,
+                console: Console) -> int:
+    from kimi_eagle.bench import bypass
+
+    plan = bypass.QUICK if args.quick else bypass.FULL
+    outcome = _run_mode(plan, bypass.BypassBench, bypass.markdown, args, profile, prompts, stamp, console)
+    return outcome if isinstance(outcome, int) else 0
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -178,8 +188,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
     if args.rounds is not None and (not args.configs or args.rounds < 1):
         return fail("bench", "--rounds N (N >= 1) goes with --configs")
-    if args.tune and args.configs:
-        return fail("bench", "--tune and --configs are two different runs: give one")
+    if sum((args.configs, args.tune, args.bypass)) > 1:
+        return fail("bench", "--configs, --tune and --bypass are different runs: give one")
     if args.write_profile and not args.tune:
         return fail("bench", "--write-profile goes with --tune")
     plan = QUICK if args.quick else FULL
@@ -196,6 +206,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_configs(args, profile, prompts, stamp, console)
     if args.tune:
         return _run_tune(args, profile, prompts, stamp, console)
+    if args.bypass:
+        return _run_bypass(args, profile, prompts, stamp, console)
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
                   files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)

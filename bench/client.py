@@ -73,8 +73,14 @@ class BenchClient:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         started = time.perf_counter()
         try:
-            response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s,
-                                            stream=self.stream)
+            try:
+                response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s,
+                                                stream=self.stream)
+            except requests.ConnectionError:
+                # Once, on a new connection: a kept-alive one the server closed as we sent is not the server failing.
+                self._local.session = requests.Session()
+                response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s,
+                                                stream=self.stream)
             if response.status_code != 200:
                 raise BenchRequestError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}")
             payload = self._streamed(response) if self.stream else response.json()

@@ -33,10 +33,14 @@ BYPASS = Knob("KIMI_EAGLE_BYPASS", "1",
                "stays")
 BYPASS_RETRY_S = Knob("KIMI_EAGLE_BYPASS_RETRY_S", "300",
                       "seconds between retries of a bypassed draft (one alarm window of drafts each); 0: never retry")
+CPU_LAYOUT = Knob("KIMI_EAGLE_CPU_LAYOUT", "shared",
+                  "on a CPU, `shared` runs the engine core on its workers' cores (leaving vLLM's reserved cores to "
+                  "the API server); `vllm` keeps vLLM's layout, where the engine core floats")
 FAULT = Knob("KIMI_EAGLE_FAULT", "",
              "fault injection for the guards' own tests: `aux-single-layer` makes the target capture one aux layer")
 
-KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, FAULT)
+KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, CPU_LAYOUT,
+         FAULT)
 
 
 def runtime_checks() -> bool:
@@ -61,6 +65,10 @@ def bypass_enabled() -> bool:
 
 def bypass_retry_s() -> float:
     return float(BYPASS_RETRY_S.get())
+
+
+def cpu_layout() -> str:
+    return CPU_LAYOUT.get()
 
 
 def fault() -> str:

@@ -137,3 +137,20 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
     assert written.num_speculative_tokens == max(k for _, _, k in result.schedule)
     if result.crossing is not None:
         assert result.crossing.segments >= 2 and result.crossing.tokens_per_s > 0
+
+
+def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
+    from kimi_eagle.bench.bypass import CONFIGS, BypassResult
+
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--bypass", "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [json_path] = tmp_path.glob("bypass-quick-*.json")
+    result = BypassResult.model_validate_json(json_path.read_text())
+    assert {p.config for p in result.points} == set(CONFIGS)
+    assert all(p.tokens_per_s.min > 0 for p in result.points)
+    # The first batch trips it: 200 drafts of a draft that accepts nothing take a couple of hundred steps.
+    assert len(result.seconds_to_bypass) == 1 and result.seconds_to_bypass[0] is not None
+    logs = {p.name: p.read_text() for p in tmp_path.glob("bypass-quick-*-files/logs/*.log")}
+    assert sum("DRAFT BYPASSED" in text for text in logs.values()) == 1  # on the fail-safe's server only
+    assert result.verdict in done.stdout

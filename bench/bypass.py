@@ -1,0 +1,194 @@
+"""`kimi-eagle bench --bypass`: what the draft fail-safe buys when the draft matches nothing.
+
+The draft served is a copy of the profile's own with every weight matrix replaced by random values of the same shape
+and scale (norms, vocabulary maps and config kept): it loads, passes every shape check and accepts almost nothing,
+the failure this project grew out of. Three servers, one at a time, in an order rotated by round: the target alone;
+that draft with the fail-safe off (`KIMI_EAGLE_BYPASS=0`, what vLLM does by itself); and with it on. Each gets a
+first batch that is not measured (on the fail-safe's server it is the load that trips it: the seconds from its
+first request until /metrics shows `kimi_eagle:draft_bypassed 1` are recorded), then samples at each load.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+import torch
+from pydantic import BaseModel, Field
+from safetensors.torch import load_file, save_file
+
+from kimi_eagle import envs
+from kimi_eagle.bench.client import BenchClient
+from kimi_eagle.bench.configs import rotated
+from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.run import machine_now
+from kimi_eagle.bench.servers import measured_server
+from kimi_eagle.bench.stats import Spread, spread
+from kimi_eagle.processes import free_port
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.profile import Profile, resolve_model_path
+
+CONFIGS = ("target alone", "random draft, fail-safe off", "random draft, fail-safe on")
+BYPASSED_GAUGE = "kimi_eagle:draft_bypassed"
+GOAL = 0.9  # the fail-safe's goal: at least this share of the target alone's tokens/s once bypassed
+
+
+class BypassPlan(BaseModel):
+    mode: str
+    concurrency: list[int]
+    rounds: int = Field(ge=1)
+    max_tokens: int = Field(ge=2)
+    requests_per_stream: int = Field(ge=1)
+
+    def requests_at(self, concurrency: int) -> int:
+        return max(12, self.requests_per_stream * concurrency)
+
+
+FULL = BypassPlan(mode="bypass", concurrency=[1, 4], rounds=3, max_tokens=64, requests_per_stream=8)
+QUICK = BypassPlan(mode="bypass-quick", concurrency=[1], rounds=1, max_tokens=16, requests_per_stream=2)
+
+
+class BypassPoint(BaseModel):
+    config: str
+    concurrency: int
+    per_round: list[float]
+    tokens_per_s: Spread
+    ratio_to_target_alone: Spread | None = Field(None, description="Round by round, over the target alone's.")
+
+
+class BypassResult(BaseModel):
+    command: str
+    started_utc: str
+    duration_s: float
+    machine: Machine
+    profile: str
+    plan: BypassPlan
+    points: list[BypassPoint]
+    seconds_to_bypass: list[float | None] = Field(description="Per round: first request of the load to the gauge "
+                                                              "reading 1 (None: it never did during the batch).")
+    verdict: str
+
+
+def random_draft(draft_dir: Path, out: Path, seed: int = 0) -> Path:
+    """The draft with each weight matrix (2-D floating tensor) redrawn at its own standard deviation."""
+    out.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for file in draft_dir.iterdir():
+        if file.suffix == ".safetensors":
+            tensors = load_file(file)
+            for name, t in tensors.items():
+                if t.ndim == 2 and t.is_floating_point():
+                    std = t.float().std().item() or 0.02
+                    tensors[name] = (torch.randn(t.shape, generator=generator) * std).to(t.dtype)
+            save_file(tensors, out / file.name, metadata={"format": "pt"})
+        elif file.is_file():
+            (out / file.name).write_bytes(file.read_bytes())
+    return out
+
+
+class BypassBench:
+    def __init__(self, plan: BypassPlan, profile: Profile, *, target: str | None, draft: str | None,
+                 prompts: list[str], files_dir: Path, command_line: str, say: Callable[[str], None]) -> None:
+        self.plan, self.profile, self.prompts, self.files_dir = plan, profile, prompts, files_dir
+        self.target, self.command_line, self.say = target, command_line, say
+        self.draft = str(random_draft(Path(resolve_model_path(draft or profile.draft)), files_dir / "random-draft"))
+        self.samples: dict[tuple[str, int], list[float]] = {}
+        self.seconds_to_bypass: list[float | None] = []
+
+    def run(self) -> BypassResult:
+        started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        t0, load_before = time.perf_counter(), os.getloadavg()
+        for round_no in range(1, self.plan.rounds + 1):
+            for config in rotated(list(CONFIGS), round_no):
+                self._measure(config, round_no)
+        points = []
+        for config in CONFIGS:
+            for c in self.plan.concurrency:
+                values, alone = self.samples[config, c], self.samples[CONFIGS[0], c]
+                ratio = None if config == CONFIGS[0] else spread([v / a for v, a in zip(values, alone)])
+                points.append(BypassPoint(config=config, concurrency=c, per_round=values, tokens_per_s=spread(values),
+                                          ratio_to_target_alone=ratio))
+        return BypassResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
+                            machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
+                            points=points, seconds_to_bypass=self.seconds_to_bypass,
+                            verdict=verdict(points, self.seconds_to_bypass))
+
+    def _measure(self, config: str, round_no: int) -> None:
+        command = build_command(self.profile, target=self.target, draft=self.draft, no_draft=config == CONFIGS[0],
+                                port=free_port())
+        if config == CONFIGS[1]:
+            command.env[envs.BYPASS.name] = "0"
+        log = self.files_dir / "logs" / f"{CONFIGS.index(config)}-r{round_no}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with measured_server(command, config=config, num_speculative_tokens=None, log=log) as live:
+            client = BenchClient(live.url, live.model, self.plan.max_tokens)
+            widest = max(self.plan.concurrency)
+            if config == CONFIGS[2]:
+                self.seconds_to_bypass.append(time_to_bypass(live.url, lambda: client.measure(
+                    self.prompts, widest, self.plan.requests_at(widest))))
+            else:
+                client.measure(self.prompts, widest, self.plan.requests_at(widest))
+            figures = []
+            for c in self.plan.concurrency:
+                sample = client.measure(self.prompts, c, self.plan.requests_at(c))
+                self.samples.setdefault((config, c), []).append(sample.tokens_per_s)
+                figures.append(f"{sample.tokens_per_s:.0f}")
+        self.say(f"  round {round_no}/{self.plan.rounds} {config}: tok/s {' / '.join(figures)} (concurrency "
+                 f"{' / '.join(map(str, self.plan.concurrency))})")
+
+
+def time_to_bypass(url: str, load: Callable[[], object]) -> float | None:
+    """Run `load` while polling the gauge; seconds from its start to the gauge reading 1."""
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (load(), done.set()), daemon=True)
+    t0 = time.perf_counter()
+    worker.start()
+    seen = None
+    while seen is None and not done.is_set():
+        text = requests.get(f"{url}/metrics", timeout=10).text
+        if any(line.startswith(BYPASSED_GAUGE) and line.rstrip().endswith(" 1.0") for line in text.splitlines()):
+            seen = time.perf_counter() - t0
+        time.sleep(0.05)
+    worker.join()
+    return seen
+
+
+def verdict(points: list[BypassPoint], seconds: list[float | None]) -> str:
+    parts = []
+    for p in points:
+        if p.config == CONFIGS[2] and p.ratio_to_target_alone is not None:
+            off = next(q for q in points if q.config == CONFIGS[1] and q.concurrency == p.concurrency)
+            ratio = p.ratio_to_target_alone.median
+            parts.append(f"{p.concurrency} in flight: {off.ratio_to_target_alone.median:.2f}x of the target alone "
+                         f"without the fail-safe, {ratio:.2f}x with it ({'meets' if ratio >= GOAL else 'misses'} "
+                         f"the {GOAL}x goal)")
+    known = [s for s in seconds if s is not None]
+    when = (f"bypassed {min(known):.1f}-{max(known):.1f} s after the load began" if known
+            else "never bypassed during the first batch")
+    return "; ".join(parts) + f"; {when}"
+
+
+def markdown(result: BypassResult) -> str:
+    cs = result.plan.concurrency
+    lines = [f"# The draft fail-safe on a random draft, profile {result.profile}", "",
+             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
+             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
+             f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, greedy), one "
+             "server at a time, order rotated by round.", "",
+             "Output tokens/s, median [min-max]; then the ratio to the target alone, paired round by round.", "",
+             "| configuration | " + " | ".join(f"{c} in flight" for c in cs) + " |", "|---" * (len(cs) + 1) + "|"]
+    for config in CONFIGS:
+        cells = []
+        for c in cs:
+            p = next(q for q in result.points if q.config == config and q.concurrency == c)
+            cell = f"{p.tokens_per_s.median:.0f} [{p.tokens_per_s.min:.0f}-{p.tokens_per_s.max:.0f}]"
+            if p.ratio_to_target_alone is not None:
+                cell += f" **{p.ratio_to_target_alone.median:.2f}x**"
+            cells.append(cell)
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    lines += ["", f"**{result.verdict}.**", ""]
+    return "\n".join(lines)
