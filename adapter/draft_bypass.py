@@ -5,11 +5,17 @@ each step still runs the draft k times and verifies k tokens that are then throw
 so from the API server, where nothing can be switched; this runs in the engine core, inside vLLM's scheduler, and
 acts. It uses vLLM's own dynamic speculative decoding: the scheduler looks the number of draft tokens up per step
 (`Scheduler.dynamic_sd_lookup`, batch size -> k, which a `num_speculative_tokens_per_batch_size` schedule fills),
-and a lookup of zeros schedules none. vLLM's k=0 still runs the draft's first pass over every new token (to keep
-the draft's KV cache in step), which on the tiny CPU pair costs 30% of the target's speed; so where the runner does
-its bookkeeping synchronously (no async scheduling: every CPU engine), the bypassed step also tells the worker to
-skip the draft altogether. The draft's KV cache then misses what was generated meanwhile, so a retry judges the
-draft only on requests admitted after the retry began, whose draft KV cache is whole.
+and a lookup of zeros schedules none.
+
+A step that schedules k=0, bypassed or because a `num_speculative_tokens_per_batch_size` schedule says 0 for this
+batch size, still runs the draft's first pass over every new token in vLLM 0.32 (`llm_base_proposer.propose`
+returns after it, to keep the draft's KV cache in step): measured here, a schedule's k=0 ran at 0.80x of the target
+alone at 16 in flight (`bench --tune`), a bypassed random draft at about 0.7x on one stream. Where the runner does
+its bookkeeping synchronously (no async scheduling: every CPU engine), such a step tells the worker to skip the
+draft, its rejection sampler and the engine's round trip for its drafts altogether. The draft's KV cache then
+misses the tokens of those steps: a request that goes on after them drafts from a context with holes (the
+crossing load of `bench --tune` measures what that costs), and a retry judges the draft only on requests admitted
+after the retry began, whose draft KV cache is whole.
 
 States: drafting -> (accepted / drafted tokens over `KIMI_EAGLE_ALARM_WINDOW_DRAFTS` drafts below
 `KIMI_EAGLE_ALARM_MIN_RATE`) -> bypassed -> (every `KIMI_EAGLE_BYPASS_RETRY_S` seconds) retrying, the configured
@@ -154,10 +160,8 @@ SKIP_DRAFT = "kimi_eagle_skip_draft"  # set on a SchedulerOutput (pickled with i
 
 
 def install() -> bool:
-    """Wrap vLLM's `Scheduler` (engine core process) and its model runner's `propose_draft_token_ids` (worker)."""
-    if not envs.bypass_enabled():
-        return False
-    if not compat.supported("draft fail-safe"):
+    """Wrap vLLM's `Scheduler` and `EngineCore` (engine core process) and its model runner (worker)."""
+    if not compat.supported("draft fail-safe and k=0 steps without the draft"):
         return False
     _install_scheduler()
     _install_runner()
@@ -166,6 +170,7 @@ def install() -> bool:
 
 def _install_scheduler() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
 
     if getattr(Scheduler.__init__, "_kimi_eagle_bypass", False):
         return
@@ -174,23 +179,26 @@ def _install_scheduler() -> None:
     original_schedule = Scheduler.schedule
     original_count = Scheduler.make_spec_decoding_stats
     original_update = Scheduler.update_from_output
+    original_post_step = EngineCore.post_step
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         self._kimi_eagle_bypass = None
+        self._kimi_eagle_skip = self._kimi_eagle_skipped = False
         spec = self.vllm_config.speculative_config
         if spec is None or not spec.use_eagle() or self.num_spec_tokens <= 0:
             return
         if reason := unavailable_reason(self.vllm_config):
             logger.warning("kimi-eagle: draft fail-safe off: %s. The acceptance alarm still watches.", reason)
             return
-        self._kimi_eagle_bypass = DraftBypass(envs.alarm_window_drafts(), envs.alarm_min_rate(),
-                                              envs.bypass_retry_s())
-        self._kimi_eagle_lookup = self.dynamic_sd_lookup  # the configured schedule (None: k always)
-        self._kimi_eagle_zeros = [0] * (self.scheduler_config.max_num_seqs + 1)
         # With async scheduling the runner's next step reads bookkeeping that the draft pass writes: keep vLLM's
         # own k=0 there (the draft still runs its first pass); skip the draft only where bookkeeping is synchronous.
         self._kimi_eagle_skip = not self.scheduler_config.async_scheduling
+        self._kimi_eagle_lookup = self.dynamic_sd_lookup  # the configured schedule (None: k always)
+        self._kimi_eagle_zeros = [0] * (self.scheduler_config.max_num_seqs + 1)
+        if envs.runtime_checks() and envs.bypass_enabled():
+            self._kimi_eagle_bypass = DraftBypass(envs.alarm_window_drafts(), envs.alarm_min_rate(),
+                                                  envs.bypass_retry_s())
 
     def add_request(self, request, *args, **kwargs):
         if self._kimi_eagle_bypass is not None:
@@ -199,12 +207,13 @@ def _install_scheduler() -> None:
 
     def schedule(self, *args, **kwargs):
         bypass = self._kimi_eagle_bypass
-        if bypass is None:
-            return original_schedule(self, *args, **kwargs)
-        bypass.before_schedule()
-        self.dynamic_sd_lookup = self._kimi_eagle_lookup if bypass.drafting else self._kimi_eagle_zeros
+        if bypass is not None:
+            bypass.before_schedule()
+            self.dynamic_sd_lookup = self._kimi_eagle_lookup if bypass.drafting else self._kimi_eagle_zeros
         output = original_schedule(self, *args, **kwargs)
-        if self._kimi_eagle_skip and not bypass.drafting:
+        self._kimi_eagle_skipped = (self._kimi_eagle_skip and output.total_num_scheduled_tokens > 0
+                                    and output.num_spec_tokens_to_schedule == 0)
+        if self._kimi_eagle_skipped:
             setattr(output, SKIP_DRAFT, True)
         return output
 
@@ -228,24 +237,18 @@ def _install_scheduler() -> None:
                         stats.spec_decoding_stats = _zero_draft_stats(self.num_spec_tokens)
         return outputs
 
-    from vllm.v1.engine.core import EngineCore
-
-    original_post_step = EngineCore.post_step
-
     def post_step(self, model_executed: bool) -> None:
-        # After every step vLLM asks the worker for its drafts, a round trip of its own; bypassed, it made none.
-        bypass = getattr(self.scheduler, "_kimi_eagle_bypass", None)
-        if bypass is not None and not bypass.drafting and self.scheduler._kimi_eagle_skip:
-            return
-        original_post_step(self, model_executed)
+        # After every step vLLM asks the worker for its drafts, a round trip of its own; a skipped step made none.
+        if not getattr(self.scheduler, "_kimi_eagle_skipped", False):
+            original_post_step(self, model_executed)
 
-    EngineCore.post_step = post_step
     init._kimi_eagle_bypass = True
     Scheduler.__init__ = init
     Scheduler.add_request = add_request
     Scheduler.schedule = schedule
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler.update_from_output = update_from_output
+    EngineCore.post_step = post_step
 
 
 def _install_runner() -> None:

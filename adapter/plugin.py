@@ -17,14 +17,14 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from kimi_eagle.adapter import compile_cache, cpu_fixes, cpu_layout
+    from kimi_eagle.adapter import compile_cache, cpu_fixes, cpu_layout, draft_bypass
 
     cpu_fixes.apply()
     cpu_layout.install()
+    draft_bypass.install()  # steps with k=0 skip the draft; with the runtime checks on, the fail-safe too
     compile_cache.install()  # before any model is compiled: the key must see what the model captures
     if envs.runtime_checks():
-        from kimi_eagle.adapter import acceptance_alarm, draft_bypass, draft_guard
+        from kimi_eagle.adapter import acceptance_alarm, draft_guard
 
         draft_guard.install()
         acceptance_alarm.install()
-        draft_bypass.install()

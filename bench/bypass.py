@@ -182,13 +182,8 @@ def markdown(result: BypassResult) -> str:
              "Output tokens/s, median [min-max]; then the ratio to the target alone, paired round by round.", "",
              "| configuration | " + " | ".join(f"{c} in flight" for c in cs) + " |", "|---" * (len(cs) + 1) + "|"]
     for config in CONFIGS:
-        cells = []
-        for c in cs:
-            p = next(q for q in result.points if q.config == config and q.concurrency == c)
-            cell = f"{p.tokens_per_s.median:.0f} [{p.tokens_per_s.min:.0f}-{p.tokens_per_s.max:.0f}]"
-            if p.ratio_to_target_alone is not None:
-                cell += f" **{p.ratio_to_target_alone.median:.2f}x**"
-            cells.append(cell)
+        points = [next(q for q in result.points if q.config == config and q.concurrency == c) for c in cs]
+        cells = [p.tokens_per_s.cell(p.ratio_to_target_alone) for p in points]
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
     lines += ["", f"**{result.verdict}.**", ""]
     return "\n".join(lines)

@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-profile", action="store_true",
                    help="with --tune: write the schedule into the profile's YAML file")
     p.add_argument("--rounds", type=int, help="with --configs: rounds of the whole matrix (default 3)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --configs: only this dtype's half of the "
+                                                                   "matrix")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
     p.add_argument("--profile", default="tiny-cpu", help="serving profile (default tiny-cpu)")
     p.add_argument("--target", help="target checkpoint instead of the profile's")
@@ -71,6 +73,8 @@ def _command_line(args: argparse.Namespace) -> str:
              *(["--quick"] if args.quick else [])]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
+    if args.dtype is not None:
+        words += ["--dtype", args.dtype]
     if args.out != RESULTS_DIR:
         words += ["--out", str(args.out)]
     for option in ("profile", "target", "draft", "prompts"):
@@ -134,6 +138,8 @@ def _run_configs(args: argparse.Namespace, profile: Profile, prompts: list[str],
     plan = configs.QUICK if args.quick else configs.FULL
     if args.rounds is not None:
         plan = plan.model_copy(update={"rounds": args.rounds})
+    if args.dtype is not None:
+        plan = plan.model_copy(update={"configs": [c for c in plan.configs if c.dtype == args.dtype]})
     outcome = _run_mode(plan, configs.ConfigsBench, configs.markdown, args, profile, prompts, stamp, console)
     return outcome if isinstance(outcome, int) else 0
 
@@ -190,6 +196,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return fail("bench", "--rounds N (N >= 1) goes with --configs")
     if sum((args.configs, args.tune, args.bypass)) > 1:
         return fail("bench", "--configs, --tune and --bypass are different runs: give one")
+    if args.dtype is not None and not args.configs:
+        return fail("bench", "--dtype goes with --configs")
     if args.write_profile and not args.tune:
         return fail("bench", "--write-profile goes with --tune")
     plan = QUICK if args.quick else FULL

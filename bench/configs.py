@@ -1,7 +1,8 @@
 """`kimi-eagle bench --configs`: which way of serving the same pair is fastest on this machine, streamed and not.
 
-The matrix is dtype (float32, bfloat16) x core layout (both cores bound to the engine's worker, or vLLM's own
-default, which leaves a core to the API server) x target alone or with its draft. Plain `vllm serve MODEL` is
+The matrix is dtype (float32, bfloat16) x core layout (both cores bound to the engine's worker; vLLM's own
+default, which leaves a core to the API server, with the engine core on the worker's cores as the plugin puts it;
+or with the engine core floating, as vLLM leaves it) x target alone or with its draft. Plain `vllm serve MODEL` is
 "bfloat16, alone, vLLM's default layout". One server runs at a time (two would share the 2 cores); each round
 starts every configuration once, in an order rotated by round, so that the machine's drift (this one's speed moves
 by a third within minutes) spreads over all of them. At each load, a draft configuration is compared round by round
@@ -19,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient, Sample
 from kimi_eagle.bench.result import Machine
 from kimi_eagle.bench.run import machine_now, summed_acceptance
@@ -35,8 +37,10 @@ FLOAT32_ATTENTION = "CPU_MLA"
 
 class ServingConfig(BaseModel):
     dtype: Literal["float32", "bfloat16"]
-    cores: Literal["bound", "vllm-default"] = Field(description="`bound`: every core to the worker's OpenMP threads "
-                                                                "(none reserved); `vllm-default`: vLLM's own layout.")
+    cores: Literal["bound", "vllm-default", "vllm-floating"] = Field(
+        description="`bound`: every core to the worker's OpenMP threads (none reserved); `vllm-default`: vLLM's own "
+                    "layout, the engine core on the worker's cores (the plugin's `adapter/cpu_layout.py`); "
+                    "`vllm-floating`: vLLM's layout as vLLM leaves it, the engine core unbound.")
     draft: bool
 
     @property
@@ -50,6 +54,8 @@ class ServingConfig(BaseModel):
         if self.dtype == "float32":
             vllm_args["attention-backend"] = FLOAT32_ATTENTION
         env = {k: v for k, v in base.env.items() if k not in BIND_ENV}
+        if self.cores == "vllm-floating":
+            env[envs.CPU_LAYOUT.name] = "vllm"
         if self.cores == "bound":
             cpus = sorted(os.sched_getaffinity(0))
             env |= {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
@@ -57,7 +63,7 @@ class ServingConfig(BaseModel):
 
 
 MATRIX = [ServingConfig(dtype=d, cores=c, draft=s)
-          for d in ("float32", "bfloat16") for c in ("bound", "vllm-default") for s in (False, True)]
+          for d in ("float32", "bfloat16") for c in ("bound", "vllm-default", "vllm-floating") for s in (False, True)]
 
 
 class LoadPoint(BaseModel):
@@ -237,10 +243,7 @@ def markdown(result: ConfigsResult) -> str:
         cells = []
         for load in loads:
             p = next(q for q in result.points if q.config == config and q.load == load)
-            cell = f"{p.tokens_per_s.median:.0f} [{p.tokens_per_s.min:.0f}-{p.tokens_per_s.max:.0f}]"
-            if p.ratio_to_fastest_without_draft is not None:
-                cell += f" **{p.ratio_to_fastest_without_draft.median:.2f}x**"
-            cells.append(cell)
+            cells.append(p.tokens_per_s.cell(p.ratio_to_fastest_without_draft))
         ready = [s.seconds_to_healthy for s in result.starts if s.config == config]
         lines.append(f"| {config} | " + " | ".join(cells) + f" | {min(ready):.0f}-{max(ready):.0f} |")
     acceptance = [f"{name}: {value:.2f}" for name, value in result.mean_acceptance_length.items()]

@@ -15,6 +15,11 @@ class Spread(BaseModel):
     min: float
     max: float
 
+    def cell(self, ratio: Spread | None = None) -> str:
+        """`median [min-max]` for a results table, then the ratio's median in bold when there is one."""
+        text = f"{self.median:.0f} [{self.min:.0f}-{self.max:.0f}]"
+        return text + (f" **{ratio.median:.2f}x**" if ratio is not None else "")
+
     @property
     def relative_range(self) -> float:
         """(max - min) / median: the noise band of this measurement."""

@@ -133,12 +133,14 @@ def schedule_from(best_k: dict[int, int], max_num_seqs: int) -> Schedule | None:
 
 
 def boundary(schedule: Schedule, concurrency: list[int]) -> tuple[int, int] | None:
-    """Two neighbouring concurrencies of the sweep whose batch sizes the schedule gives different k, or None."""
+    """Two neighbouring concurrencies of the sweep whose batch sizes the schedule gives different k, preferring one
+    where speculation turns off (the switch vLLM issue 49548 saw collapse, and where the draft's KV cache misses the
+    tokens of the k=0 steps); None when the schedule has one k."""
     def k_at(c: int) -> int:
         return next(k for a, b, k in schedule if a <= c <= b)
 
-    sizes = sorted(concurrency)
-    return next(((lo, hi) for lo, hi in itertools.pairwise(sizes) if k_at(lo) != k_at(hi)), None)
+    pairs = [(lo, hi) for lo, hi in itertools.pairwise(sorted(concurrency)) if k_at(lo) != k_at(hi)]
+    return next((pair for pair in pairs if 0 in (k_at(pair[0]), k_at(pair[1]))), next(iter(pairs), None))
 
 
 def judge_proof(points: list[TunePoint]) -> list[ProofPoint]:
@@ -274,8 +276,7 @@ def markdown(result: TuneResult) -> str:
         rows = []
         for config in dict.fromkeys(p.config for p in points):
             cells = [next(p for p in points if p.config == config and p.concurrency == c).tokens_per_s for c in cs]
-            rows.append(f"| {config} | " + " | ".join(f"{s.median:.0f} [{s.min:.0f}-{s.max:.0f}]" for s in cells)
-                        + " |")
+            rows.append(f"| {config} | " + " | ".join(s.cell() for s in cells) + " |")
         return header + rows
 
     lines = [f"# Draft tokens by batch size for profile {result.profile}", "",

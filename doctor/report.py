@@ -93,6 +93,11 @@ def print_report(diagnosis: Diagnosis, console: Console, engine: str = "all") ->
     ids = diagnosis.aux_ids
     if ids:
         console.print(escape("aux layer ids  " + "  ".join(f"{k}: {v}" for k, v in ids.items())))
+    for name, verdict in diagnosis.engines.items():
+        if engine in ("all", name):
+            style = "green" if verdict.verdict == "loads as is" else "bold red" if verdict.verdict.startswith(
+                "refuses") else "yellow"
+            console.print(f"{ENGINE_LABELS[name]}  [{style}]{escape(verdict.verdict)}[/]")
     console.print(findings_table(diagnosis.findings, engine))
     if diagnosis.coverage:
         console.print(coverage_table(diagnosis, engine))

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "tiny-cpu"
@@ -30,6 +30,17 @@ class Speculative(BaseModel):
         "none", description="vLLM's --per-request-spec-decode-metrics: each response carries its own acceptance "
                             "(`metrics.speculative_decoding`). Passed only when a draft is served: vLLM refuses "
                             "the flag without speculation.")
+
+    @model_validator(mode="after")
+    def _schedule_within_k(self) -> Speculative:
+        # vLLM caps a larger k at num_speculative_tokens without a word (build_dynamic_sd_schedule_lookup's min).
+        schedule = self.num_speculative_tokens_per_batch_size or []
+        too_large = [list(r) for r in schedule if r[2] > self.num_speculative_tokens]
+        if too_large:
+            raise ValueError(f"num_speculative_tokens_per_batch_size asks for k above num_speculative_tokens "
+                             f"{self.num_speculative_tokens} in {too_large}: vLLM would cap it there silently; raise "
+                             f"num_speculative_tokens to the schedule's largest k")
+        return self
 
 
 class Profile(BaseModel):

@@ -33,6 +33,18 @@ class CoverageRow(BaseModel):
     engines: dict[str, KeyFate] = Field(default_factory=dict)
 
 
+class EngineVerdict(BaseModel):
+    """What one engine makes of the pair as it is on disk, in one line, with the tensors it loses and the fixes."""
+
+    verdict: str = Field(description="`loads as is`, `loads, but ...` or `refuses or fails: ...`; prefixed by `does "
+                                     "not load it as is` where the engine needs a rewritten config.")
+    dropped: list[str] = Field(default_factory=list, description="Checkpoint tensors it would drop without a word.")
+    unfilled: list[str] = Field(default_factory=list, description="Its parameters no tensor fills (none shared).")
+    load_errors: list[str] = Field(default_factory=list, description="Tensors whose load fails loudly.")
+    problems: list[str] = Field(default_factory=list, description="Codes of the warnings and refusals about it.")
+    fixes: list[str] = Field(default_factory=list)
+
+
 class Diagnosis(BaseModel):
     draft: str
     target: str | None
@@ -42,6 +54,7 @@ class Diagnosis(BaseModel):
     aux_ids: dict[str, list[int] | None] = Field(default_factory=dict, description="The ids each engine uses.")
     health: list[HealthRow] = Field(default_factory=list)
     trained: TrainedVerdict = Field(default_factory=lambda: TrainedVerdict(verdict="not checked", reason="skipped"))
+    engines: dict[str, EngineVerdict] = Field(default_factory=dict, description="Per engine (vllm, sglang).")
 
 
 def merge_engines(findings: list[Finding]) -> list[Finding]:
@@ -77,6 +90,37 @@ def _coverage(ctx: Context) -> list[CoverageRow]:
                         status=status, param=p.name + (f" [{s}]" if s is not None else ""),
                         note="taken from the target" if p.shareable else "nothing fills it")}))
     return rows
+
+
+NEEDS_A_VIEW = ("sglang-config-format",)
+
+
+def engine_verdicts(findings: list[Finding], coverage: list[CoverageRow]) -> dict[str, EngineVerdict]:
+    """Per engine: whether it loads the pair as it is on disk, what it would lose, and what to do."""
+    out = {}
+    for engine in eng.ENGINES:
+        fates = [(row.key, row.engines[engine]) for row in coverage if engine in row.engines]
+        dropped = [key for key, fate in fates if fate.status == "dropped"]
+        unfilled = [fate.param for _, fate in fates if fate.status == "missing"]
+        errors = [key for key, fate in fates if fate.status == "load-error"]
+        relevant = [f for f in findings if f.applies_to(engine) and f.severity >= Severity.WARNING]
+        refusals = [f for f in relevant if f.severity == Severity.REFUSAL]
+        if refusals:
+            verdict = "refuses or fails: " + "; ".join(f.title for f in refusals)
+        elif relevant or dropped or unfilled:
+            losses = [f"drops {len(dropped)} tensor(s) silently"] if dropped else []
+            losses += [f"leaves {len(unfilled)} parameter(s) unfilled"] if unfilled else []
+            verdict = "loads, but " + "; ".join(losses + [f.title for f in relevant])
+        else:
+            verdict = "loads as is"
+        # A config format the engine cannot read at all; the report's figures assume the view kimi-eagle writes.
+        if reformat := next((f for f in findings if f.applies_to(engine) and f.code in NEEDS_A_VIEW), None):
+            verdict = f"does not load it as is ({reformat.title}: {reformat.fix}); through that view it " + \
+                verdict.replace("loads as is", "loads")
+        out[engine] = EngineVerdict(verdict=verdict, dropped=dropped, unfilled=unfilled, load_errors=errors,
+                                    problems=list(dict.fromkeys(f.code for f in relevant)),
+                                    fixes=list(dict.fromkeys(f.fix for f in relevant)))
+    return out
 
 
 def describe_layout(spec: DraftSpec, draft: Checkpoint) -> str:
@@ -134,6 +178,7 @@ def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = T
     result.findings.extend(merge_engines(findings))
     result.findings.sort(key=lambda f: -f.severity)
     result.coverage = _coverage(ctx)
+    result.engines = engine_verdicts(result.findings, result.coverage)
     default = target.default_aux_ids if target else None
     result.aux_ids = {"declared": spec.declared_ids, "vllm": spec.vllm_target_ids or default,
                       "sglang": spec.sglang_ids or default}

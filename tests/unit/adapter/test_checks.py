@@ -248,3 +248,25 @@ def test_the_diagnosis_names_the_layout(built: Path) -> None:
     assert "weights midlayer.*" in diagnose(bd.build("midlayer_layout", built), None, check_values=False).layout
     flat = diagnose(bd.sglang_view(built / "flat"), bd.SOURCE_TARGET, check_values=False).layout
     assert flat.startswith("flat SpecForge/EAGLE config (LlamaForCausalLMEagle3)") and "ids under eagle_config" in flat
+
+
+def test_each_engine_gets_a_verdict_on_the_draft_as_it_is_on_disk(built: Path) -> None:
+    shipped = diagnose(bd.SOURCE_DRAFT, bd.SOURCE_TARGET).engines
+    assert shipped["vllm"].verdict == "loads as is" and not shipped["vllm"].fixes
+    assert shipped["sglang"].verdict.startswith("does not load it as is (SGLang reads flat configs only")
+    assert shipped["sglang"].verdict.endswith("through that view it loads")
+
+    view = diagnose(bd.sglang_view(built), bd.SOURCE_TARGET).engines
+    assert view["sglang"].verdict == "loads as is"
+
+    ids_unread = diagnose(bd.build("aux_in_eagle_config", built), bd.SOURCE_TARGET).engines
+    assert ids_unread["vllm"].verdict.startswith("refuses or fails: vLLM does not read where the aux ids are written")
+    assert ids_unread["vllm"].problems == ["aux-ids-unread"] and ids_unread["vllm"].fixes
+
+    no_fc = diagnose(bd.build("no_fc", built), bd.SOURCE_TARGET).engines
+    for engine in ("vllm", "sglang"):
+        assert "refuses or fails" in no_fc[engine].verdict
+        assert [p for p in no_fc[engine].unfilled if p.endswith("fc.weight")]
+
+    prefixed = diagnose(bd.build("model_prefix", built), bd.SOURCE_TARGET).engines
+    assert prefixed["sglang"].dropped == [] and prefixed["vllm"].load_errors + prefixed["vllm"].dropped

@@ -30,9 +30,10 @@ from kimi_eagle.serve.validate import validate_with_vllm
 
 
 def test_the_matrix_is_every_dtype_core_layout_and_draft_once() -> None:
-    assert len(MATRIX) == len({c.name for c in MATRIX}) == 8
+    assert len(MATRIX) == len({c.name for c in MATRIX}) == 12
     assert {(c.dtype, c.cores, c.draft) for c in MATRIX} == {
-        (d, c, s) for d in ("float32", "bfloat16") for c in ("bound", "vllm-default") for s in (False, True)}
+        (d, c, s) for d in ("float32", "bfloat16") for c in ("bound", "vllm-default", "vllm-floating")
+        for s in (False, True)}
     assert QUICK.configs == [c for c in MATRIX if c.dtype == "bfloat16" and c.cores == "vllm-default"]
 
 
@@ -57,6 +58,14 @@ def test_bfloat16_in_vllms_layout_leaves_kernel_and_cores_to_vllm() -> None:
 
 
 @pytest.mark.parametrize("config", MATRIX, ids=lambda c: c.name)
+def test_the_floating_layout_is_vllms_own_and_the_default_pins_the_engine_core() -> None:
+    base = load_profile("tiny-cpu")
+    floating = ServingConfig(dtype="bfloat16", cores="vllm-floating", draft=True).profile(base)
+    assert floating.env["KIMI_EAGLE_CPU_LAYOUT"] == "vllm" and not set(BIND_ENV) & set(floating.env)
+    default = ServingConfig(dtype="bfloat16", cores="vllm-default", draft=True).profile(base)
+    assert "KIMI_EAGLE_CPU_LAYOUT" not in default.env  # the plugin's default: the engine core on the worker's cores
+
+
 def test_every_configuration_is_a_command_vllm_accepts(config: ServingConfig) -> None:
     validate_with_vllm(build_command(config.profile(load_profile("tiny-cpu")), no_draft=not config.draft))
 

@@ -31,8 +31,9 @@ def test_no_schedule_when_speculation_never_pays() -> None:
     assert schedule_from({1: 0, 4: 0}, max_num_seqs=16) is None
 
 
-def test_the_crossing_straddles_the_first_boundary_between_two_loads_of_the_sweep() -> None:
-    assert boundary([(1, 1, 4), (2, 4, 3), (5, 16, 0)], [1, 2, 4, 8, 16]) == (1, 2)
+def test_the_crossing_straddles_a_boundary_of_the_schedule_between_two_loads_of_the_sweep() -> None:
+    assert boundary([(1, 1, 4), (2, 4, 3), (5, 16, 0)], [1, 2, 4, 8, 16]) == (4, 8)  # where speculation turns off
+    assert boundary([(1, 1, 4), (2, 16, 3)], [1, 2, 4, 8, 16]) == (1, 2)
     assert boundary([(1, 16, 3)], [1, 4, 16]) is None
 
 

@@ -164,6 +164,13 @@ def test_a_schedule_vllms_scheduler_would_refuse_fails_the_dry_run(schedule: lis
         validate_with_vllm(build_command(_with_schedule(schedule)))
 
 
+def test_a_schedule_above_the_profiles_k_is_refused_where_vllm_would_cap_it() -> None:
+    from kimi_eagle.serve.profile import Speculative
+
+    with pytest.raises(ValueError, match="vLLM would cap it there silently"):
+        Speculative(num_speculative_tokens=3, num_speculative_tokens_per_batch_size=[[1, 4, 5], [5, 16, 2]])
+
+
 def test_write_schedule_keeps_the_profiles_comments_and_loads(tmp_path) -> None:
     from kimi_eagle.serve.profile import write_schedule
 
