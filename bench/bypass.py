@@ -127,11 +127,13 @@ class BypassBench:
         with measured_server(command, config=config, num_speculative_tokens=None, log=log) as live:
             client = BenchClient(live.url, live.model, self.plan.max_tokens)
             widest = max(self.plan.concurrency)
+            # At least two alarm windows of drafts (a draft that accepts nothing drafts once per token).
+            first = max(self.plan.requests_at(widest), -(-2 * envs.alarm_window_drafts() // self.plan.max_tokens))
             if config == CONFIGS[2]:
                 self.seconds_to_bypass.append(time_to_bypass(live.url, lambda: client.measure(
-                    self.prompts, widest, self.plan.requests_at(widest))))
+                    self.prompts, widest, first)))
             else:
-                client.measure(self.prompts, widest, self.plan.requests_at(widest))
+                client.measure(self.prompts, widest, first)
             figures = []
             for c in self.plan.concurrency:
                 sample = client.measure(self.prompts, c, self.plan.requests_at(c))

@@ -57,7 +57,6 @@ def test_bfloat16_in_vllms_layout_leaves_kernel_and_cores_to_vllm() -> None:
     assert profile.env["VLLM_MAX_N_SEQUENCES"] == exact.env["VLLM_MAX_N_SEQUENCES"]
 
 
-@pytest.mark.parametrize("config", MATRIX, ids=lambda c: c.name)
 def test_the_floating_layout_is_vllms_own_and_the_default_pins_the_engine_core() -> None:
     base = load_profile("tiny-cpu")
     floating = ServingConfig(dtype="bfloat16", cores="vllm-floating", draft=True).profile(base)
@@ -66,6 +65,7 @@ def test_the_floating_layout_is_vllms_own_and_the_default_pins_the_engine_core()
     assert "KIMI_EAGLE_CPU_LAYOUT" not in default.env  # the plugin's default: the engine core on the worker's cores
 
 
+@pytest.mark.parametrize("config", MATRIX, ids=lambda c: c.name)
 def test_every_configuration_is_a_command_vllm_accepts(config: ServingConfig) -> None:
     validate_with_vllm(build_command(config.profile(load_profile("tiny-cpu")), no_draft=not config.draft))
 
