@@ -9,7 +9,7 @@ and a lookup of zeros schedules none.
 
 A step that schedules k=0, bypassed or because a `num_speculative_tokens_per_batch_size` schedule says 0 for this
 batch size, still runs the draft's first pass over every new token in vLLM 0.32 (`llm_base_proposer.propose`
-returns after it, to keep the draft's KV cache in step): measured here, a schedule's k=0 ran at 0.80x of the target
+returns after it, to keep the draft's KV cache in step): measured here, a schedule's k=0 ran at 0.76x of the target
 alone at 16 in flight (`bench --tune`), a bypassed random draft at about 0.7x on one stream. Where the runner does
 its bookkeeping synchronously (no async scheduling: every CPU engine), such a step tells the worker to skip the
 draft, its rejection sampler and the engine's round trip for its drafts altogether. The draft's KV cache then
