@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.configs import rotated
+from kimi_eagle.bench.plan import StreamsPlan
 from kimi_eagle.bench.result import Machine
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
@@ -37,15 +38,11 @@ BYPASSED_GAUGE = "kimi_eagle:draft_bypassed"
 GOAL = 0.9  # the fail-safe's goal: at least this share of the target alone's tokens/s once bypassed
 
 
-class BypassPlan(BaseModel):
+class BypassPlan(StreamsPlan):
     mode: str
     concurrency: list[int]
     rounds: int = Field(ge=1)
     max_tokens: int = Field(ge=2)
-    requests_per_stream: int = Field(ge=1)
-
-    def requests_at(self, concurrency: int) -> int:
-        return max(12, self.requests_per_stream * concurrency)
 
 
 FULL = BypassPlan(mode="bypass", concurrency=[1, 4], rounds=3, max_tokens=64, requests_per_stream=8)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient, Sample
+from kimi_eagle.bench.plan import StreamsPlan
 from kimi_eagle.bench.result import Machine
 from kimi_eagle.bench.run import machine_now, summed_acceptance
 from kimi_eagle.bench.servers import measured_server
@@ -75,17 +76,12 @@ class LoadPoint(BaseModel):
         return f"{'streamed' if self.stream else 'not streamed'}, {self.concurrency} in flight"
 
 
-class ConfigsPlan(BaseModel):
+class ConfigsPlan(StreamsPlan):
     mode: str
     configs: list[ServingConfig]
     points: list[LoadPoint]
     rounds: int = Field(ge=1)
     max_tokens: int = Field(ge=2)
-    requests_per_stream: int = Field(ge=1, description="Requests each of the `concurrency` streams sends per "
-                                                       "sample (at least 12 in all).")
-
-    def requests_at(self, concurrency: int) -> int:
-        return max(12, self.requests_per_stream * concurrency)
 
 
 FULL = ConfigsPlan(mode="configs", configs=MATRIX, rounds=3, max_tokens=64, requests_per_stream=8,

@@ -41,3 +41,13 @@ FULL = BenchPlan(mode="full", ks=[1, 2, 3, 4, 5], concurrency=[1, 4, 16], repeat
                  checks_concurrency=[1, 16], locust_run_time="15s")
 QUICK = BenchPlan(mode="quick", ks=[3], concurrency=[1, 4, 16], repeats=2, max_tokens=16, requests_per_sample=2,
                   ceiling_candidates=2, ceiling_requests_per_sample=1, checks_concurrency=[], locust_run_time="5s")
+
+
+class StreamsPlan(BaseModel):
+    """What the one-server-at-a-time modes (configs, tune, bypass) share: how many requests make one sample."""
+
+    requests_per_stream: int = Field(ge=1, description="Requests each of the `concurrency` streams sends per "
+                                                       "sample (at least 12 in all).")
+
+    def requests_at(self, concurrency: int) -> int:
+        return max(12, self.requests_per_stream * concurrency)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.configs import rotated
+from kimi_eagle.bench.plan import StreamsPlan
 from kimi_eagle.bench.result import Machine
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
@@ -38,17 +39,13 @@ ALONE = 0  # k of the target alone in the sweep's tables
 COLLAPSE_RATIO = 0.8  # crossing-load tokens/s below this share of the steady loads' prediction is a collapse
 
 
-class TunePlan(BaseModel):
+class TunePlan(StreamsPlan):
     mode: str
     ks: list[int] = Field(description="Fixed k swept besides the target alone.")
     concurrency: list[int] = Field(description="Requests in flight of each sample; max-num-seqs is added.")
     rounds: int = Field(ge=1, description="Rounds of the sweep, and again of the proof.")
     max_tokens: int = Field(ge=2)
-    requests_per_stream: int = Field(ge=1, description="Requests each stream sends per sample (at least 12 in all).")
     crossing_s: float = Field(description="Length of the threshold-crossing load.")
-
-    def requests_at(self, concurrency: int) -> int:
-        return max(12, self.requests_per_stream * concurrency)
 
 
 FULL = TunePlan(mode="tune", ks=[1, 2, 3, 4], concurrency=[1, 2, 4, 8, 16], rounds=2, max_tokens=64,
@@ -169,7 +166,7 @@ class TuneBench:
         started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         t0, load_before = time.perf_counter(), os.getloadavg()
         self.say("phase 1: the sweep (target alone, k = " + ", ".join(map(str, self.plan.ks)) + ")")
-        sweep = self._rounds(["alone", *(f"k={k}" for k in self.plan.ks)], schedule=None)
+        sweep, _ = self._rounds(["alone", *(f"k={k}" for k in self.plan.ks)], schedule=None)
         best_k = best_k_by_concurrency(sweep)
         schedule = schedule_from(best_k, self.max_num_seqs)
         self.say(f"best k by concurrency: {best_k}; schedule {schedule}")
@@ -177,8 +174,8 @@ class TuneBench:
         if schedule is not None:
             others = ["alone", *dict.fromkeys(f"k={k}" for k in best_k.values() if k != ALONE)]
             self.say("phase 2: the tuned schedule against " + ", ".join(others))
-            proof = self._rounds([*others, "tuned"], schedule=schedule, crossing=boundary(schedule, self.concurrency))
-            crossing = self._crossing
+            proof, crossing = self._rounds([*others, "tuned"], schedule=schedule,
+                                           crossing=boundary(schedule, self.concurrency))
         proof_points = judge_proof(proof) if proof else []
         return TuneResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
                           machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
@@ -187,15 +184,18 @@ class TuneBench:
                           verdict=verdict(schedule, proof_points, crossing))
 
     def _rounds(self, configs: list[str], *, schedule: Schedule | None,
-                crossing: tuple[int, int] | None = None) -> list[TunePoint]:
+                crossing: tuple[int, int] | None = None) -> tuple[list[TunePoint], Crossing | None]:
+        """Every configuration at every concurrency, rotated by round; in the last round the tuned server also runs
+        the crossing load, when one is asked for."""
         samples: dict[tuple[str, int], list[float]] = {}
-        self._crossing = None
+        crossed = None
         for round_no in range(1, self.plan.rounds + 1):
             for config in rotated(configs, round_no):
                 last = round_no == self.plan.rounds and config == "tuned"
-                self._measure(config, schedule, samples, round_no, crossing if last else None)
-        return [TunePoint(config=config, concurrency=c, per_round=samples[config, c],
-                          tokens_per_s=spread(samples[config, c])) for config in configs for c in self.concurrency]
+                crossed = self._measure(config, schedule, samples, round_no, crossing if last else None) or crossed
+        points = [TunePoint(config=config, concurrency=c, per_round=samples[config, c],
+                            tokens_per_s=spread(samples[config, c])) for config in configs for c in self.concurrency]
+        return points, crossed
 
     def _profile_for(self, config: str, schedule: Schedule | None) -> tuple[Profile, int | None]:
         if config != "tuned":
@@ -206,7 +206,7 @@ class TuneBench:
         return self.profile.model_copy(update={"speculative": speculative}), None
 
     def _measure(self, config: str, schedule: Schedule | None, samples: dict, round_no: int,
-                 crossing: tuple[int, int] | None) -> None:
+                 crossing: tuple[int, int] | None) -> Crossing | None:
         profile, k = self._profile_for(config, schedule)
         command = build_command(profile, target=self.target, draft=self.draft, no_draft=config == "alone",
                                 num_speculative_tokens=k, port=free_port())
@@ -221,10 +221,10 @@ class TuneBench:
                 sample = client.measure(self.prompts, c, self.plan.requests_at(c))
                 samples.setdefault((config, c), []).append(sample.tokens_per_s)
                 figures.append(f"{sample.tokens_per_s:.0f}")
-            if crossing is not None:
-                self._crossing = self._cross(client, crossing, samples)
+            crossed = self._cross(client, crossing, samples) if crossing is not None else None
         self.say(f"  round {round_no}/{self.plan.rounds} {config}: ready in {live.cold_start.seconds_to_healthy:.0f}s;"
                  f" tok/s {' / '.join(figures)} (concurrency {' / '.join(map(str, self.concurrency))})")
+        return crossed
 
     def _cross(self, client: BenchClient, pair: tuple[int, int], samples: dict) -> Crossing:
         tokens, seconds, predicted_s, segments = 0, 0.0, 0.0, 0

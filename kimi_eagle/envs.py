@@ -20,8 +20,7 @@ class Knob:
 
 RUNTIME_CHECKS = Knob("KIMI_EAGLE_RUNTIME_CHECKS", "1",
                       "0 turns off the draft guards, the acceptance alarm and the draft fail-safe inside vLLM (the CPU "
-                      "fixes stay); "
-                      "`make bench` measures what they cost with it")
+                      "fixes stay); `make bench` measures what they cost with it")
 STATIC_CHECKS = Knob("KIMI_EAGLE_STATIC_CHECKS", "1",
                      "0 skips only the static file checks at engine start (a draft that is not a local folder)")
 ALARM_WINDOW_DRAFTS = Knob("KIMI_EAGLE_ALARM_WINDOW_DRAFTS", "200",

@@ -88,14 +88,13 @@ SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 def write_schedule(path: Path, schedule: list[tuple[int, int, int]], source: str) -> None:
     """Put a measured schedule (and the k it needs) into the profile's `speculative:` block, keeping the file's
     comments: the line is replaced where it exists, else added under `num_speculative_tokens`."""
-    lines = path.read_text().splitlines()
+    lines = [line for line in path.read_text().splitlines()
+             if not line.strip().startswith((f"{SCHEDULE_KEY}:", f"# {SCHEDULE_KEY} "))]
     k_line = next((i for i, line in enumerate(lines) if line.strip().startswith("num_speculative_tokens:")), None)
     if k_line is None:
         raise ProfileError(f"{path}: no `speculative.num_speculative_tokens` line to put the schedule under")
     indent = lines[k_line][: len(lines[k_line]) - len(lines[k_line].lstrip())]
     lines[k_line] = f"{indent}num_speculative_tokens: {max(k for _, _, k in schedule)}"
-    lines = [line for line in lines if not line.strip().startswith((f"{SCHEDULE_KEY}:", f"# {SCHEDULE_KEY} "))]
-    k_line = next(i for i, line in enumerate(lines) if line.strip().startswith("num_speculative_tokens:"))
     lines[k_line + 1:k_line + 1] = [f"{indent}# {SCHEDULE_KEY} measured by `kimi-eagle bench --tune` ({source})",
                                     f"{indent}{SCHEDULE_KEY}: {[list(r) for r in schedule]}"]
     path.write_text("\n".join(lines) + "\n")

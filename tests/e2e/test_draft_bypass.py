@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from kimi_eagle import envs
+from kimi_eagle.bench.bypass import random_draft
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
@@ -26,25 +27,11 @@ BYPASSED = "kimi_eagle:draft_bypassed"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 
-def random_draft(out: Path) -> Path:
-    import torch
-
-    from kimi_eagle.fixtures.export import write_draft
-    from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
-    from kimi_eagle.fixtures.train_draft import new_draft
-    from kimi_eagle.torch_pair import load_draft_model, load_target_model
-
-    target = load_target_model(TARGET_DIR)
-    trained, _ = load_draft_model(DRAFT_DIR, target)
-    draft_ids = trained.to_target_ids(torch.arange(trained.lm_head.weight.shape[0]))
-    write_draft(new_draft(target.state_dict(), draft_ids, seed=123).state_dict(), "tiny-kimi-k25", out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def random_draft_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("random-draft")
-    command = build_command(load_profile(EXACT_PROFILE), draft=str(random_draft(tmp / "draft")), port=free_port())
+    draft = random_draft(DRAFT_DIR, tmp / "draft")  # the one `bench --bypass` serves
+    command = build_command(load_profile(EXACT_PROFILE), draft=str(draft), port=free_port())
     command.env[envs.BYPASS_RETRY_S.name] = str(RETRY_S)
     log = tmp / "server.log"
     with running_server(command, log_path=log, timeout_s=600) as ready_s:
