@@ -1,9 +1,10 @@
 """Guards around vLLM's EAGLE-3 draft loading: every silent mismatch becomes a refusal that names its cause.
 
-vLLM 0.32 loads a speculators draft and runs it even when tensors load into nothing, parameters stay
-unfilled (`Eagle3LlamaForCausalLM.load_weights` returns no set of loaded names, so vLLM's own check never
-runs), or the aux layer ids it captures disagree with what the draft's `fc` was sized for. Acceptance then
-collapses with no word in the log. These guards wrap the proposer's `load_model`:
+vLLM 0.32 loads an EAGLE-3 draft and runs it even when tensors load into nothing, parameters stay unfilled
+(`Eagle3LlamaForCausalLM.load_weights` and the MLA class's `Eagle3DeepseekV2ForCausalLM.load_weights` return no
+set of loaded names, so vLLM's own check never runs), or the aux layer ids it captures disagree with what the
+draft's `fc` was sized for. Acceptance then collapses with no word in the log.
+These guards wrap the proposer's `load_model`:
 - before: the static checks shared with `kimi-eagle doctor` (refusals stop the engine), and one set of aux
   ids for both sides (vLLM sizes `fc` from `num_aux_hidden_states` but captures the top-level id list);
 - during: every draft parameter is filled with a sentinel before loading, so one nothing loaded is seen;
@@ -176,6 +177,7 @@ def install() -> bool:
     """Wrap the EAGLE proposer's `load_model` (vLLM 0.32: `SpecDecodeBaseProposer.load_model`)."""
     if not compat.supported("draft guards"):
         return False
+    from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
     from vllm.model_executor.models.interfaces import supports_eagle3
     from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
@@ -184,6 +186,7 @@ def install() -> bool:
     if getattr(original, "_kimi_eagle_guarded", False):
         return True
     guard_weight_loading(Eagle3LlamaForCausalLM)
+    guard_weight_loading(Eagle3DeepseekV2ForCausalLM)  # the MLA draft class: its load_weights returns nothing
 
     def load_model(self, target_model) -> None:
         if self.method != "eagle3":

@@ -1,7 +1,8 @@
 """The pair as PyTorch modules, read from their on-disk layouts, for what runs without an engine: doctor's probe,
 the tests that predict acceptance, the fixtures' training. The target (a Kimi-K2.5 checkpoint: `language_model.*`,
 one tensor per expert, sharded or not) becomes transformers' DeepseekV3 in float32; the draft (speculators or
-SpecForge layout) becomes `Eagle3Draft`, which computes what vLLM's EAGLE-3 Llama draft computes."""
+SpecForge layout, a Llama or an MLA layer, EAGLE-3.1's flags) becomes `Eagle3Draft`, which computes what vLLM's
+EAGLE-3 draft classes compute."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def load_draft_model(folder: Path, target) -> tuple[Eagle3Draft, int]:
     if fc is None or fc.shape[1] % spec.target_hidden_size:
         raise PairLoadError("the draft has no usable fc.weight: fix what `kimi-eagle doctor` refuses first")
     num_aux = fc.shape[1] // spec.target_hidden_size
-    draft = Eagle3Draft(layer, num_aux, spec.target_hidden_size, spec.draft_vocab_size)
+    draft = Eagle3Draft(layer, num_aux, spec.target_hidden_size, spec.draft_vocab_size, fc_norm=spec.fc_norm,
+                        norm_output=spec.norm_output)
     if "embed_tokens.weight" not in state:
         state["embed_tokens.weight"] = target.model.embed_tokens.weight.detach().clone()
     if "d2t" not in state:

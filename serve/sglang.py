@@ -33,6 +33,10 @@ accepts `layers.0.*` and maps the legacy `midlayer.*`; `d2t` becomes its hot-tok
 (`sglang/srt/models/llama_eagle3.py`, `load_weights`). Older SGLang releases know only `midlayer.*` and drop
 `layers.0.*` without a word: run `kimi-eagle doctor` against the SGLang version you serve with.
 
+A flat draft (SpecForge's layout) is used as it is when SGLang reads it faithfully. An MLA draft
+(`Eagle3DeepseekV2ForCausalLM`, SGLang's `kimi_k25_eagle3.py`) under vLLM's other name for the class
+(`Eagle3DeepseekV3ForCausalLM`) gets a view that renames the class, nothing else.
+
 Refused, because SGLang would run the draft wrongly without a word: speculators options SGLang's draft class does not
 implement (`norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output`), a layer type other than Llama, a
 number of aux states other than 3, aux ids out of the target's range, and aux ids starting at 1, which SGLang's
@@ -49,7 +53,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimi_eagle.adapter.checks.layout import DraftConfigError, default_aux_ids, draft_spec
+from kimi_eagle.adapter.checks.layout import (
+    MLA_DRAFT_ARCHITECTURES,
+    SGLANG_MLA_ARCHITECTURE,
+    DraftConfigError,
+    default_aux_ids,
+    draft_spec,
+)
 from kimi_eagle.serve.command import API_KEY_ENV, CommandError, ServeCommand, is_loopback
 from kimi_eagle.serve.profile import Profile, resolve_model_path
 
@@ -191,17 +201,45 @@ def make_draft_view(draft: str, out: Path | None = None, *, target: str | None =
             "SGLang are usually in its own format already)"])
     speculators = _read_json(source / "config.json")
     if "speculators_model_type" not in speculators:
-        if SGLANG_EAGLE3_ARCH not in speculators.get("architectures", []):
-            raise ViewError(f"{source}/config.json is neither a speculators EAGLE-3 config nor SGLang's "
-                            f"{SGLANG_EAGLE3_ARCH}: give an EAGLE-3 draft")
-        has_ids = "eagle_aux_hidden_state_layer_ids" in (speculators.get("eagle_config") or {})
-        return DraftView(path=str(source), source=str(source), notes=[
-            f"{source} is already in SGLang's format: used as it is"
-            + ("" if has_ids else "; it has no eagle_config aux ids, so SGLang captures layers [2, N//2, N-3]")])
+        return _flat_draft_view(source, speculators, out)
     if speculators.get("speculators_model_type") != "eagle3":
         raise ViewError(f"{source} is a speculators {speculators.get('speculators_model_type')!r} draft; "
                         "SGLang's EAGLE3 algorithm needs an eagle3 one")
     config, fields = sglang_draft_config(speculators, _target_text_config(target))
+    return _write_view(source, out, config, fields)
+
+
+def _flat_draft_view(source: Path, config: dict[str, Any], out: Path | None) -> DraftView:
+    """A flat (SpecForge) draft: used as it is where SGLang reads it faithfully, a view where only the class name
+    differs (vLLM's `Eagle3DeepseekV3ForCausalLM` for an MLA draft), refused where SGLang would run it wrongly."""
+    try:
+        spec = draft_spec(config)
+    except DraftConfigError as exc:
+        raise ViewError(f"{source}/config.json: {exc}") from None
+    wanted = SGLANG_MLA_ARCHITECTURE if spec.mla else SGLANG_EAGLE3_ARCH
+    renamable = spec.mla and set(spec.architectures) & set(MLA_DRAFT_ARCHITECTURES)
+    if wanted not in spec.architectures and not renamable:
+        raise ViewError(f"{source}/config.json is neither a speculators EAGLE-3 config nor SGLang's {wanted} "
+                        f"(architectures {spec.architectures}, {spec.model_type} layer): give an EAGLE-3 draft")
+    on = [name for name in UNSUPPORTED_SPECULATORS_OPTIONS
+          if (spec.declared_norm_before_residual if name == "norm_before_residual" else getattr(spec, name))]
+    if on:
+        raise ViewError(f"the draft sets {', '.join(on)}, which SGLang 0.5.23's {wanted} does not implement "
+                        "(EAGLE-3.1's fc_norm / norm_output came in a later SGLang): SGLang would run a different "
+                        "network than the one trained; compare on vLLM only, or on an SGLang that reads them")
+    if spec.mla and not spec.mla.q_lora_rank:
+        raise ViewError(f"the MLA draft layer has no q_lora_rank, which SGLang's {wanted} requires")
+    has_ids = spec.eagle_config_ids is not None
+    ids_note = "" if has_ids else "; it has no eagle_config aux ids, so SGLang captures layers [2, N//2, N-3]"
+    if wanted in spec.architectures:
+        return DraftView(path=str(source), source=str(source),
+                         notes=[f"{source} is already in SGLang's format: used as it is{ids_note}"])
+    fields = {key: "the draft's config.json" for key in config}
+    fields["architectures"] = f"SGLang registers its MLA draft class only as {wanted} (vLLM knows both names)"
+    return _write_view(source, out, {**config, "architectures": [wanted]}, fields)
+
+
+def _write_view(source: Path, out: Path | None, config: dict[str, Any], fields: dict[str, str]) -> DraftView:
     view = (out or default_view_dir(source)).absolute()
     _prepare_view_dir(view, source.resolve())
     for item in sorted(source.iterdir()):

@@ -206,7 +206,7 @@ class TargetShape(BaseModel):
 
 
 class DraftShape(BaseModel):
-    """What the sizing needs of an EAGLE-3 draft (one or more Llama decoder layers + fc + lm_head)."""
+    """What the sizing needs of an EAGLE-3 draft (one or more Llama or MLA decoder layers + fc + lm_head)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     hidden_size: int = Field(gt=0, description="Draft residual width.")
@@ -220,6 +220,11 @@ class DraftShape(BaseModel):
     vocab_size: int = Field(gt=0, description="Rows of its embedding (the target's vocabulary).")
     draft_vocab_size: int = Field(gt=0, description="Rows of its lm_head.")
     has_own_embedding: bool = Field(True, description="False when vLLM shares the target's embedding.")
+    q_lora_rank: int | None = Field(None, description="MLA layer: query down-projection rank.")
+    kv_lora_rank: int | None = Field(None, description="MLA layer: latent KV width (None: a GQA layer).")
+    qk_rope_head_dim: int | None = Field(None, description="MLA layer: rotary part of each query/key head.")
+    qk_nope_head_dim: int | None = Field(None, description="MLA layer: non-rotary part of each query/key head.")
+    v_head_dim: int | None = Field(None, description="MLA layer: per-head value width.")
 
     @classmethod
     def from_config(cls, config: dict[str, Any], *, target_hidden_size: int | None = None,
@@ -237,7 +242,17 @@ class DraftShape(BaseModel):
             num_aux_hidden_states=spec.vllm_fc_count, num_layers=spec.num_layers, num_heads=spec.num_heads,
             num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
             vocab_size=spec.vocab_size, draft_vocab_size=spec.draft_vocab_size, has_own_embedding=has_own_embedding,
+            **({"q_lora_rank": spec.mla.q_lora_rank, "kv_lora_rank": spec.mla.kv_lora_rank,
+                "qk_rope_head_dim": spec.mla.qk_rope_head_dim, "qk_nope_head_dim": spec.mla.qk_nope_head_dim,
+                "v_head_dim": spec.mla.v_head_dim} if spec.mla else {}),
         )
+
+    def _mla_attention_params(self, width: int) -> int:
+        heads, qk = self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+        latent = self.kv_lora_rank + self.qk_rope_head_dim
+        q = width * self.q_lora_rank + self.q_lora_rank * heads * qk if self.q_lora_rank else width * heads * qk
+        kv = width * latent + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * self.hidden_size
 
     def replicated_params(self) -> int:
         fc = self.num_aux_hidden_states * self.target_hidden_size * self.hidden_size  # ReplicatedLinear in vLLM
@@ -246,8 +261,11 @@ class DraftShape(BaseModel):
 
     def sharded_params(self) -> int:
         h, qd, kvd = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        first_attn = 2 * h * (qd + 2 * kvd) + qd * h  # the first layer reads [embedding, hidden]: 2H wide
-        later_attn = h * (qd + 2 * kvd) + qd * h
+        if self.kv_lora_rank:
+            first_attn, later_attn = self._mla_attention_params(2 * h), self._mla_attention_params(h)
+        else:
+            first_attn = 2 * h * (qd + 2 * kvd) + qd * h  # the first layer reads [embedding, hidden]: 2H wide
+            later_attn = h * (qd + 2 * kvd) + qd * h
         attn = first_attn + (self.num_layers - 1) * later_attn
         mlp = self.num_layers * 3 * h * self.intermediate_size
         embed = self.vocab_size * h if self.has_own_embedding else 0
@@ -258,7 +276,10 @@ class DraftShape(BaseModel):
                 + math.ceil(self.sharded_params() * BF16_BYTES / tensor_parallel_size))
 
     def kv_bytes_per_token_per_gpu(self, tensor_parallel_size: int, kv_cache_bytes: int = BF16_BYTES) -> int:
-        """K and V per KV head, KV heads split across TP ranks (at least one per rank)."""
+        """K and V per KV head, KV heads split across TP ranks (at least one per rank); an MLA layer caches its
+        latent and rotary key once per token on every rank, as the target's layers do."""
+        if self.kv_lora_rank:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.num_layers * kv_cache_bytes
         kv_heads_per_gpu = max(1, self.num_kv_heads // tensor_parallel_size)
         return 2 * kv_heads_per_gpu * self.head_dim * self.num_layers * kv_cache_bytes
 

@@ -135,7 +135,8 @@ def describe_layout(spec: DraftSpec, draft: Checkpoint) -> str:
     else:
         kind = f"flat SpecForge/EAGLE config ({', '.join(spec.architectures) or 'no architectures'})"
     flags = [name for name in ("fc_norm", "norm_output", "norm_before_fc") if getattr(spec, name)]
-    return f"{kind}; {spec.model_type} layer; weights {keys}; {ids}" + (
+    layer = f"{spec.model_type} layer" + (" (MLA attention)" if spec.mla else "")
+    return f"{spec.layout}: {kind}; {layer}; weights {keys}; {ids}" + (
         f"; EAGLE-3.1 flags {', '.join(flags)}" if flags else "")
 
 

@@ -1,4 +1,5 @@
-"""What each engine builds for an EAGLE-3 Llama draft and where each checkpoint name lands, read from its code.
+"""What each engine builds for an EAGLE-3 draft (a Llama or an MLA layer) and where each checkpoint name lands, read
+from its code.
 
 vLLM 0.32: `vllm/model_executor/models/llama_eagle3.py` (`Eagle3LlamaForCausalLM.load_weights`, then
 `LlamaModel.load_weights` with its `WeightsMapper`, then `AutoWeightsLoader`, which raises for an unknown name
@@ -6,6 +7,11 @@ but silently ignores unknown names ending in `.bias`, and returns a set of loade
 SGLang 0.5.23: `python/sglang/srt/models/llama_eagle3.py` (`LlamaForCausalLMEagle3.load_weights`: a name that
 matches no parameter, with or without a `model.` prefix, is dropped without a word; `d2t` becomes `hot_token_id`,
 `t2d` is skipped; legacy `midlayer.` names are mapped to `layers.0.`; `fc` is sized for 3 aux states).
+MLA drafts: vLLM 0.32 `deepseek_eagle3.py` (`Eagle3DeepseekV2ForCausalLM`: `model.` before every name but `lm_head`,
+`midlayer.` -> `layers.0.`, `q_a_proj` and `kv_a_proj_with_mqa` stacked into `fused_qkv_a_proj`, `fc_norm` and
+`norm_output` read, `norm_before_fc` not, `AutoWeightsLoader` as above); SGLang 0.5.23 `kimi_k25_eagle3.py` (the same
+names into `midlayer.`, `q_a_proj` + `kv_a_proj_with_mqa` into `fused_qkv_a_proj_with_mqa`, an unknown name skipped
+with a log line, `fc` sized from the config's aux ids, no EAGLE-3.1 flags).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ ENGINE_LABELS = {"vllm": "vLLM 0.32", "sglang": "SGLang 0.5.23"}
 
 STACKED = ((".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
            (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
+# MLA: the two down-projections of the latent attention are one matrix in both engines
+MLA_STACKED = ((".q_a_proj", ".fused_qkv_a_proj", "q_a"), (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "kv_a"),
+               (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
 ROTARY_UNUSED = ("rotary_pos_emb.inv_freq", "rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
@@ -80,11 +89,51 @@ def _layer_params(model: EngineModel, prefix: str, d: DraftSpec, first: bool, qk
     model.add(f"{prefix}hidden_norm.weight", (h,), needed=first)
 
 
+def _mla_layer_params(model: EngineModel, prefix: str, d: DraftSpec, first: bool) -> None:
+    """`DeepseekV2Eagle3DecoderLayer`: MLA attention (input 2H in the first layer) and a dense MLP."""
+    mla, h, heads = d.mla, d.hidden_size, d.num_heads
+    width = 2 * h if first else h
+    attn = f"{prefix}self_attn."
+    if mla.q_lora_rank:
+        model.add(f"{attn}fused_qkv_a_proj.weight", (mla.q_lora_rank, width), "q_a")
+        model.add(f"{attn}fused_qkv_a_proj.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, width), "kv_a")
+        model.add(f"{attn}q_a_layernorm.weight", (mla.q_lora_rank,))
+        model.add(f"{attn}q_b_proj.weight", (heads * mla.qk_head_dim, mla.q_lora_rank))
+    else:
+        model.add(f"{attn}q_proj.weight", (heads * mla.qk_head_dim, width))
+        model.add(f"{attn}kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, width))
+    model.add(f"{attn}kv_a_layernorm.weight", (mla.kv_lora_rank,))
+    model.add(f"{attn}kv_b_proj.weight", (heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank))
+    model.add(f"{attn}o_proj.weight", (h, heads * mla.v_head_dim))
+    for shard in (0, 1):
+        model.add(f"{prefix}mlp.gate_up_proj.weight", (d.intermediate_size, h), shard)
+    model.add(f"{prefix}mlp.down_proj.weight", (h, d.intermediate_size))
+    for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+        model.add(f"{prefix}{norm}.weight", (h,), needed=first or norm != "hidden_norm")
+
+
+def _fc_norm_params(model: EngineModel, prefix: str, n_aux: int, target_hidden: int) -> None:
+    for j in range(n_aux):
+        model.add(f"{prefix}fc_norm.{j}.weight", (target_hidden,))
+
+
 def vllm_model(d: DraftSpec, target_vocab: int) -> EngineModel:
-    """The parameters of vLLM 0.32's `Eagle3LlamaForCausalLM` for this config."""
+    """The parameters of vLLM 0.32's `Eagle3LlamaForCausalLM` (or, for an MLA layer, `Eagle3DeepseekV2ForCausalLM`)
+    for this config."""
     m = EngineModel("vllm")
     h, th, n_aux = d.hidden_size, d.target_hidden_size, d.vllm_fc_count
     m.add("model.embed_tokens.weight", (d.vocab_size, h), shareable=True)
+    if d.mla:
+        for i in range(d.num_layers):
+            _mla_layer_params(m, f"model.layers.{i}.", d, first=i == 0)
+        m.add("model.fc.weight", (h, n_aux * th))
+        if d.fc_norm:
+            _fc_norm_params(m, "model.", n_aux, th)
+        m.add("model.norm.weight", (h,))
+        m.add("lm_head.weight", (d.draft_vocab_size, h), shareable=True)
+        if d.draft_vocab_size != target_vocab:
+            m.add("draft_id_to_target_id", (d.draft_vocab_size,))
+        return m
     for i in range(d.num_layers):
         _layer_params(m, f"model.layers.{i}.", d, first=i == 0, qkv_bias=d.attention_bias,
                       o_bias=d.attention_bias)
@@ -93,8 +142,7 @@ def vllm_model(d: DraftSpec, target_vocab: int) -> EngineModel:
         if d.norm_before_fc:
             m.add("model.input_norm.weight", (n_aux * th,))
         if d.fc_norm:
-            for j in range(n_aux):
-                m.add(f"model.fc_norm.{j}.weight", (th,))
+            _fc_norm_params(m, "model.", n_aux, th)
     m.add("model.norm.weight", (h,))
     m.add("lm_head.weight", (d.draft_vocab_size, h), shareable=True)
     if d.draft_vocab_size != target_vocab:
@@ -103,7 +151,9 @@ def vllm_model(d: DraftSpec, target_vocab: int) -> EngineModel:
 
 
 def vllm_fate(name: str, d: DraftSpec, model: EngineModel, has_d2t: bool) -> Fate:
-    """Where vLLM 0.32 puts checkpoint tensor `name` (`Eagle3LlamaForCausalLM.load_weights`)."""
+    """Where vLLM 0.32 puts checkpoint tensor `name` (`Eagle3LlamaForCausalLM.load_weights`, or the MLA class's)."""
+    if d.mla:
+        return _vllm_mla_fate(name, model)
     if "t2d" in name:
         return Fate("consumed", note="skipped by vLLM (checked here against d2t)")
     if "d2t" in name:
@@ -140,13 +190,46 @@ def vllm_fate(name: str, d: DraftSpec, model: EngineModel, has_d2t: bool) -> Fat
                                    "parameter named ...'")
 
 
+def _stacked(name: str, table: tuple) -> tuple[str, object]:
+    for old, new, shard_id in table:
+        if old in name:
+            return name.replace(old, new, 1), shard_id
+    return name, None
+
+
+def _vllm_mla_fate(name: str, model: EngineModel) -> Fate:
+    """`Eagle3DeepseekV2ForCausalLM.load_weights`, then `DeepseekV2Eagle3Model.load_weights` (its mapper)."""
+    if "t2d" in name:
+        return Fate("consumed", note="skipped by vLLM (checked here against d2t)")
+    if "d2t" in name:
+        name = name.replace("d2t", "draft_id_to_target_id")
+        return Fate("loaded", name) if name in model.params else Fate(
+            "dropped", note="the draft vocabulary equals the target's: no d2t parameter")
+    if "lm_head" not in name:
+        name = "model." + name
+    if any(s in name for s in ROTARY_UNUSED):
+        return Fate("ignored", note="rotary cache: recomputed by the engine")
+    name, shard = _stacked(name.replace("midlayer.", "layers.0.", 1), MLA_STACKED)
+    if name in model.params:
+        return Fate("loaded", name, shard)
+    if name.endswith(".bias"):
+        return Fate("dropped", note="no such bias parameter: AutoWeightsLoader ignores unknown '.bias' names")
+    return Fate("load-error", note=f"no parameter {name!r} in the MLA draft class: vLLM stops at load with "
+                                   "'There is no module or parameter named ...'")
+
+
 def sglang_model(d: DraftSpec, target_vocab: int) -> EngineModel:
-    """The parameters of SGLang 0.5.23's `LlamaForCausalLMEagle3` (one layer, qkv without bias, fc for 3 states)."""
+    """The parameters of SGLang 0.5.23's `LlamaForCausalLMEagle3` (one layer, qkv without bias, fc for 3 states), or
+    for an MLA layer of `kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM` (fc sized from the config's aux ids)."""
     m = EngineModel("sglang")
     h, th = d.hidden_size, d.target_hidden_size
     m.add("model.embed_tokens.weight", (d.vocab_size, h), shareable=True)
-    _layer_params(m, "model.layers.0.", d, first=True, qkv_bias=False, o_bias=d.attention_bias)
-    m.add("model.fc.weight", (h, 3 * th))
+    if d.mla:
+        _mla_layer_params(m, "model.layers.0.", d, first=True)
+        m.add("model.fc.weight", (h, len(d.sglang_ids or [0, 0, 0]) * th))
+    else:
+        _layer_params(m, "model.layers.0.", d, first=True, qkv_bias=False, o_bias=d.attention_bias)
+        m.add("model.fc.weight", (h, 3 * th))
     m.add("model.norm.weight", (h,))
     if not d.tie_word_embeddings:
         # with no draft_vocab_size SGLang takes the target's head (`load_lm_head_from_target`)
@@ -160,12 +243,7 @@ def sglang_fate(name: str, d: DraftSpec, model: EngineModel) -> Fate:
         return Fate("consumed", "hot_token_id", note="becomes hot_token_id (draft id + d2t)")
     if "t2d" in name:
         return Fate("consumed", note="skipped by SGLang (checked here against d2t)")
-    name = name.replace("midlayer.", "layers.0.", 1)
-    shard = None
-    for old, new, shard_id in STACKED:
-        if old in name:
-            name, shard = name.replace(old, new, 1), shard_id
-            break
+    name, shard = _stacked(name.replace("midlayer.", "layers.0.", 1), MLA_STACKED if d.mla else STACKED)
     param = name if name in model.params else f"model.{name}"
     if param == "model.embed_tokens.weight":
         # the EAGLE-3 worker then calls set_embed(target's embedding) on every EAGLE-3 draft

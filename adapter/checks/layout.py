@@ -4,7 +4,8 @@ reader of draft configs, used by the guards inside vLLM, doctor, the sizing and 
 vLLM 0.32 reads a speculators-format draft through `SpeculatorsConfig`: the layer config is
 `transformer_layer_config`, plus `draft_vocab_size`, `target_hidden_size`, the norm options and the top-level
 `eagle_aux_hidden_state_layer_ids` (see `vllm/transformers_utils/configs/speculators/algos.py`). A flat config
-(SGLang's layout, `architectures: ["LlamaForCausalLMEagle3"]`) is read as it is.
+(SpecForge's layout, `architectures: ["LlamaForCausalLMEagle3"]`, or `Eagle3DeepseekV2ForCausalLM` for a draft with
+one MLA layer) is read as it is. `DraftSpec.layout` names which of the published layouts it is.
 """
 
 from __future__ import annotations
@@ -22,6 +23,38 @@ def default_aux_ids(num_layers: int) -> list[int]:
     """The aux layer ids vLLM's target captures, and speculators trains with, when a draft names none: (2, L//2, L-3)
     of the target's L layers (`gpu_model_runner._get_eagle3_aux_layers_from_config`)."""
     return [2, num_layers // 2, num_layers - 3]
+
+
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")  # a DeepSeek/Kimi multi-head latent attention layer
+EAGLE31_FLAGS = ("fc_norm", "norm_output")
+MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM 0.32's registry
+SGLANG_MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # the one name SGLang registers (its EntryClass)
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """The latent-attention sizes of an MLA draft layer."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def _mla_shape(layer: dict) -> MLAShape | None:
+    if layer.get("model_type") not in MLA_MODEL_TYPES:
+        return None
+    missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if k not in layer]
+    if missing:
+        raise DraftConfigError(f"an MLA draft layer (model_type {layer['model_type']!r}) needs {', '.join(missing)}")
+    return MLAShape(q_lora_rank=layer.get("q_lora_rank"), kv_lora_rank=int(layer["kv_lora_rank"]),
+                    qk_nope_head_dim=int(layer["qk_nope_head_dim"]), qk_rope_head_dim=int(layer["qk_rope_head_dim"]),
+                    v_head_dim=int(layer["v_head_dim"]))
 
 
 def _ids(value: object) -> list[int] | None:
@@ -64,6 +97,18 @@ class DraftSpec:
     verifier_name: str | None = None
     layer_config: dict = field(default_factory=dict)  # the draft layer's own config, every field as written
     dtype: str | None = None  # the checkpoint's dtype as the config states it
+    mla: MLAShape | None = None  # set for a DeepSeek/Kimi MLA layer
+
+    @property
+    def eagle31_flags(self) -> list[str]:
+        return [name for name in EAGLE31_FLAGS if getattr(self, name)]
+
+    @property
+    def layout(self) -> str:
+        """Which published layout this is: "speculators", "specforge" (flat, Llama layer) or "mla" (flat, MLA
+        layer), with "+eagle3.1" when it sets EAGLE-3.1's flags."""
+        base = "mla" if self.mla else self.format.replace("flat", "specforge")
+        return base + ("+eagle3.1" if self.eagle31_flags else "")
 
     @property
     def draft_vocab_size(self) -> int:
@@ -187,6 +232,7 @@ def draft_spec(config: dict) -> DraftSpec:
         verifier_name=where.verifier.get("name_or_path"),
         layer_config=dict(layer),
         dtype=config.get("dtype") or config.get("torch_dtype"),
+        mla=_mla_shape(layer),
     )
 
 

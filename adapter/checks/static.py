@@ -11,7 +11,13 @@ from safetensors import SafetensorError
 from kimi_eagle.adapter.checks import engines as eng
 from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_numpy
 from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
-from kimi_eagle.adapter.checks.layout import DraftSpec, TargetSpec
+from kimi_eagle.adapter.checks.layout import (
+    MLA_DRAFT_ARCHITECTURES,
+    MLA_MODEL_TYPES,
+    SGLANG_MLA_ARCHITECTURE,
+    DraftSpec,
+    TargetSpec,
+)
 
 
 def checkpoint_name(param: str, shard: object) -> str:
@@ -19,7 +25,9 @@ def checkpoint_name(param: str, shard: object) -> str:
     name = param.removeprefix("model.")
     if name == "draft_id_to_target_id":
         return "d2t"
-    if shard in ("q", "k", "v"):
+    if shard in ("q_a", "kv_a"):
+        name = name.replace("fused_qkv_a_proj", {"q_a": "q_a_proj", "kv_a": "kv_a_proj_with_mqa"}[shard])
+    elif shard in ("q", "k", "v"):
         name = name.replace("qkv_proj", f"{shard}_proj")
     elif shard in (0, 1):
         name = name.replace("gate_up_proj", ("gate_proj", "up_proj")[shard])
@@ -375,9 +383,12 @@ def check_verifier(ctx: Context) -> list[Finding]:
 def check_options(ctx: Context) -> list[Finding]:
     spec = ctx.spec
     out = []
-    if spec.model_type not in ("llama", "qwen3"):
+    if spec.mla:
+        out.extend(_mla_options(spec))
+    elif spec.model_type not in ("llama", "qwen3"):
         out.append(finding("layer-type", Severity.REFUSAL, "unsupported draft layer type",
-                           f"model_type {spec.model_type!r}", "'llama' (or 'qwen3' in vLLM)",
+                           f"model_type {spec.model_type!r}",
+                           f"'llama' (or 'qwen3' in vLLM), or an MLA layer ({', '.join(MLA_MODEL_TYPES)})",
                            "export the draft with a Llama layer"))
     elif spec.model_type == "qwen3":
         out.append(finding("layer-type", Severity.WARNING, "a Qwen3 draft layer: key checks assume a Llama layer",
@@ -400,8 +411,56 @@ def check_options(ctx: Context) -> list[Finding]:
     if unsupported:
         out.append(finding("option-unsupported", Severity.REFUSAL, "draft options SGLang cannot honour",
                            ", ".join(f"{o}=true" for o in unsupported),
-                           "SGLang 0.5.23's LlamaForCausalLMEagle3 has none of them and ignores them silently",
+                           "SGLang 0.5.23's EAGLE-3 draft classes (Llama and MLA) have none of them and ignore them "
+                           "silently (EAGLE-3.1's fc_norm / norm_output came in a later release)",
                            "serve this draft with vLLM, or retrain without those options", "sglang"))
+    return out
+
+
+def _mla_options(spec: DraftSpec) -> list[Finding]:
+    """What each engine makes of a draft with an MLA layer (vLLM 0.32 `deepseek_eagle3.py`, SGLang 0.5.23
+    `kimi_k25_eagle3.py`)."""
+    out = []
+    flat_fix = (f"publish it in the flat layout (lightseekorg/kimi-k2.5-eagle3-mla's): the layer's config at the top "
+                f"level, architectures [\"{SGLANG_MLA_ARCHITECTURE}\"], the aux ids under eagle_config")
+    if spec.format == "speculators":
+        out.append(finding("mla-speculators-format", Severity.REFUSAL, "an MLA layer in a speculators config",
+                           f"transformer_layer_config.model_type {spec.model_type!r}",
+                           "vLLM 0.32 reads speculators configs with llama or qwen3 layers only (`update_eagle3` "
+                           "raises 'Unsupported model_type')", flat_fix, "vllm"))
+    elif not set(spec.architectures) & set(MLA_DRAFT_ARCHITECTURES):
+        out.append(finding("mla-architecture", Severity.REFUSAL, "an MLA layer under another draft class",
+                           f"architectures {spec.architectures} with model_type {spec.model_type!r}",
+                           f"one of {list(MLA_DRAFT_ARCHITECTURES)}: vLLM 0.32 picks the draft class by this name, "
+                           "and any other builds a layer the checkpoint does not fit",
+                           f"set architectures to [\"{SGLANG_MLA_ARCHITECTURE}\"]", "vllm"))
+    if spec.format != "speculators" and SGLANG_MLA_ARCHITECTURE not in spec.architectures:
+        out.append(finding("mla-architecture", Severity.REFUSAL, "SGLang does not know this MLA draft class name",
+                           f"architectures {spec.architectures}",
+                           f"[\"{SGLANG_MLA_ARCHITECTURE}\"], the only name SGLang 0.5.23 registers for its MLA "
+                           "draft (vLLM 0.32 knows it too)",
+                           f"set architectures to [\"{SGLANG_MLA_ARCHITECTURE}\"]", "sglang"))
+    if not spec.mla.q_lora_rank:
+        out.append(finding("mla-q-lora-rank", Severity.REFUSAL, "an MLA draft layer without q_lora_rank",
+                           "no q_lora_rank: queries projected directly",
+                           "both engines' MLA draft classes stack q_a_proj with kv_a_proj_with_mqa (vLLM 0.32 stops "
+                           "at load, SGLang 0.5.23 refuses the layer)",
+                           "a draft layer with a q_lora_rank (as the Kimi-K2.5 target's)"))
+    if spec.norm_before_fc:
+        out.append(finding("option-ignored", Severity.REFUSAL, "norm_before_fc on an MLA draft",
+                           "norm_before_fc=true",
+                           "vLLM 0.32's Eagle3DeepseekV2ForCausalLM has no input_norm: it would skip the norm the "
+                           "draft was trained with, without a word (its Llama class honours it)",
+                           "serve it with a vLLM whose MLA draft class reads norm_before_fc, or retrain without it",
+                           "vllm"))
+    if spec.model_type == "deepseek_v3" and spec.format != "speculators":
+        out.append(finding("mla-model-type", Severity.INFO, "a plain vLLM 0.32 would not start this draft",
+                           "model_type 'deepseek_v3'",
+                           "vLLM 0.32 rewrites every deepseek_v3 draft config into its MTP head and then asks for "
+                           "'Eagle3DeepSeekMTPModel', which does not exist; kimi-eagle's plugin leaves EAGLE-3 "
+                           "configs alone (adapter/mla_draft.py)",
+                           "nothing under kimi-eagle; for a vLLM without the plugin set model_type to kimi_k2",
+                           "vllm"))
     return out
 
 

@@ -21,7 +21,8 @@ from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_to
 from kimi_eagle.adapter.checks.findings import Finding, Severity
 
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
-TRAINABLE_MATRIX = re.compile(r"^(?:model\.)?(?:fc|(?:layers\.\d+|midlayer)\.(?:self_attn|mlp)\.\w+_proj)\.weight$")
+TRAINABLE_MATRIX = re.compile(
+    r"^(?:model\.)?(?:fc|(?:layers\.\d+|midlayer)\.(?:self_attn|mlp)\.\w+_proj(?:_with_mqa)?)\.weight$")
 EXACT_SVD_MAX = 2048  # above this, a randomised SVD (torch.svd_lowrank) for the top singular value
 SPIKE_STRUCTURED = 1.5  # top singular value / bulk edge at or above which a matrix has clearly learnt something
 SPIKE_RANDOM = 1.15  # below this (with flat row norms) a matrix is indistinguishable from a random init

@@ -15,18 +15,32 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, DRAFT_LAYER_CONFIG, DRAFT_VOCAB_SIZE, HIDDEN, TARGET_DIR
+from kimi_eagle.fixtures.pair_spec import (
+    DRAFT_DIR,
+    DRAFT_LAYER_CONFIG,
+    DRAFT_VOCAB_SIZE,
+    HIDDEN,
+    MLA_DRAFT_DIR,
+    TARGET_DIR,
+)
 
 SOURCE_DRAFT = DRAFT_DIR
+SOURCE_MLA_DRAFT = MLA_DRAFT_DIR
 SOURCE_TARGET = TARGET_DIR
 
 Tensors = dict[str, torch.Tensor]
 Fault = Callable[[dict, Tensors], None]
 FAULTS: dict[str, Fault] = {}
+MLA_FAULTS: dict[str, Fault] = {}  # faults of the MLA draft (a flat SpecForge-layout checkpoint)
 
 
 def fault(fn: Fault) -> Fault:
     FAULTS[fn.__name__] = fn
+    return fn
+
+
+def mla_fault(fn: Fault) -> Fault:
+    MLA_FAULTS[fn.__name__] = fn
     return fn
 
 
@@ -42,8 +56,9 @@ def write_draft(out: Path, config: dict, tensors: Tensors) -> Path:
 
 
 def build(name: str, out: Path) -> Path:
-    config, tensors = read_draft()
-    FAULTS[name](config, tensors)
+    mla = name in MLA_FAULTS
+    config, tensors = read_draft(SOURCE_MLA_DRAFT if mla else SOURCE_DRAFT)
+    (MLA_FAULTS if mla else FAULTS)[name](config, tensors)
     return write_draft(out / name, config, tensors)
 
 
@@ -261,6 +276,63 @@ def fc_aux_input_unused(config: dict, t: Tensors) -> None:
 @fault
 def aux_ids_disagree(config: dict, t: Tensors) -> None:
     config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}
+
+
+# --- the MLA draft: what each engine would do with a published MLA layout ----------------------------------------
+@mla_fault
+def mla_v3_class_name(config: dict, t: Tensors) -> None:
+    config["architectures"] = ["Eagle3DeepseekV3ForCausalLM"]  # vLLM's other name: SGLang registers only V2
+
+
+@mla_fault
+def mla_llama_class(config: dict, t: Tensors) -> None:
+    config["architectures"] = ["LlamaForCausalLMEagle3"]
+
+
+@mla_fault
+def mla_speculators_format(config: dict, t: Tensors) -> None:
+    layer = {k: v for k, v in config.items() if k not in ("architectures", "draft_vocab_size", "eagle_config",
+                                                          "target_hidden_size", "dtype")}
+    ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    config.clear()
+    config.update(speculators_model_type="eagle3", architectures=["Eagle3DraftModel"], draft_vocab_size=1024,
+                  norm_before_residual=False, eagle_aux_hidden_state_layer_ids=ids, transformer_layer_config=layer)
+    _rename(t, "midlayer.", "layers.0.")
+
+
+@mla_fault
+def mla_no_q_lora(config: dict, t: Tensors) -> None:
+    config["q_lora_rank"] = None
+    q = t.pop("midlayer.self_attn.q_b_proj.weight") @ t.pop("midlayer.self_attn.q_a_proj.weight")
+    t.pop("midlayer.self_attn.q_a_layernorm.weight")
+    t["midlayer.self_attn.q_proj.weight"] = q
+
+
+@mla_fault
+def mla_norm_before_fc(config: dict, t: Tensors) -> None:
+    config["norm_before_fc"] = True
+
+
+@mla_fault
+def mla_eagle31_flags(config: dict, t: Tensors) -> None:
+    config.update(fc_norm=True, norm_output=True)
+    for j in range(3):
+        t[f"fc_norm.{j}.weight"] = torch.ones(HIDDEN, dtype=t["fc.weight"].dtype)
+
+
+@mla_fault
+def mla_typo_key(config: dict, t: Tensors) -> None:
+    t["midlayer.self_attn.kv_b_prj.weight"] = t.pop("midlayer.self_attn.kv_b_proj.weight")
+
+
+@mla_fault
+def mla_no_kv_b(config: dict, t: Tensors) -> None:
+    del t["midlayer.self_attn.kv_b_proj.weight"]
+
+
+@mla_fault
+def mla_kv_rank_other(config: dict, t: Tensors) -> None:
+    config["kv_lora_rank"] = 256
 
 
 def sglang_view(out: Path) -> Path:

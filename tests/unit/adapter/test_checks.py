@@ -243,11 +243,12 @@ def test_per_matrix_warnings_name_the_matrix_the_aux_layer_and_each_engines_ids(
 
 def test_the_diagnosis_names_the_layout(built: Path) -> None:
     assert diagnose(bd.SOURCE_DRAFT, bd.SOURCE_TARGET, check_values=False).layout == (
-        "speculators (speculators_model_type eagle3, transformer_layer_config); llama layer; weights layers.N.*; "
-        "ids at the top level")
+        "speculators: speculators (speculators_model_type eagle3, transformer_layer_config); llama layer; "
+        "weights layers.N.*; ids at the top level")
     assert "weights midlayer.*" in diagnose(bd.build("midlayer_layout", built), None, check_values=False).layout
     flat = diagnose(bd.sglang_view(built / "flat"), bd.SOURCE_TARGET, check_values=False).layout
-    assert flat.startswith("flat SpecForge/EAGLE config (LlamaForCausalLMEagle3)") and "ids under eagle_config" in flat
+    assert flat.startswith("specforge: flat SpecForge/EAGLE config (LlamaForCausalLMEagle3)")
+    assert "ids under eagle_config" in flat
 
 
 def test_each_engine_gets_a_verdict_on_the_draft_as_it_is_on_disk(built: Path) -> None:
