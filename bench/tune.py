@@ -4,8 +4,9 @@ Speculation pays at low load and costs at high load; vLLM 0.32 can follow the lo
 (`num_speculative_tokens_per_batch_size`: batch-size ranges -> k, 0 allowed) but ships none and measures none.
 1. Sweep: the target alone and the draft at k = 1..K, one server at a time (two would share the cores), each round
    in an order rotated by round; at each concurrency of the sweep, the median tokens/s of each. The best k at each
-   concurrency (0 where the target alone is fastest) becomes the schedule: concurrency c_i's k covers batch sizes
-   (c_(i-1), c_i], the last range up to max-num-seqs.
+   concurrency (0 where the target alone is fastest; the k of the concurrency below where it ties the best within
+   the noise band) becomes the schedule: concurrency c_i's k covers batch sizes (c_(i-1), c_i], the last range up
+   to max-num-seqs.
 2. Proof: the tuned schedule served side by side with the target alone and every fixed k that won somewhere, rotated
    by round again; at each concurrency the tuned server against the fastest of the others, within the noise band.
 3. Threshold: on the tuned server, a load that alternates between the two concurrencies on either side of a schedule
@@ -101,10 +102,22 @@ class TuneResult(BaseModel):
 
 
 def best_k_by_concurrency(points: list[TunePoint]) -> dict[int, int]:
-    out = {}
+    """The k with the highest median at each concurrency, except that the k of the concurrency below is kept where
+    its median is within the noise band of the best (half the wider relative range of the two, as the proof
+    judges): a tie is not a reason to split the schedule, and its largest k sizes vLLM's drafter
+    (`num_speculative_tokens`) for every batch."""
+    out: dict[int, int] = {}
+    below = None
     for c in sorted({p.concurrency for p in points}):
         at_c = [p for p in points if p.concurrency == c]
-        out[c] = config_k(max(at_c, key=lambda p: p.tokens_per_s.median).config)
+        best = max(at_c, key=lambda p: p.tokens_per_s.median)
+        chosen = config_k(best.config)
+        kept = next((p for p in at_c if below is not None and config_k(p.config) == below), None)
+        if kept is not None:
+            noise = max(best.tokens_per_s.relative_range, kept.tokens_per_s.relative_range) / 2
+            if kept.tokens_per_s.median >= best.tokens_per_s.median * (1 - noise):
+                chosen = below
+        out[c] = below = chosen
     return out
 
 

@@ -22,6 +22,15 @@ def test_the_best_k_is_the_highest_median_and_zero_where_the_target_alone_wins()
     assert best_k_by_concurrency(points) == {1: 4, 16: 0}
 
 
+def test_a_k_that_ties_the_best_within_the_noise_band_is_kept_from_the_concurrency_below() -> None:
+    points = [point("k=3", 1, 370, 380), point("k=4", 1, 360, 366),
+              point("k=3", 4, 1059, 1088), point("k=4", 4, 1076, 1078),  # k=4 ahead by 0.3%, band 1.4%
+              point("alone", 16, 2120, 2382), point("k=3", 16, 2009, 2163)]  # k=3 7% behind, band 5.8%
+    assert best_k_by_concurrency(points) == {1: 3, 4: 3, 16: 0}
+    points[3] = point("k=4", 4, 1200, 1210)  # ahead beyond the band: the best wins
+    assert best_k_by_concurrency(points) == {1: 3, 4: 4, 16: 0}
+
+
 def test_each_concurrency_covers_the_batch_sizes_up_to_it_and_equal_neighbours_merge() -> None:
     assert schedule_from({1: 4, 2: 3, 4: 3, 8: 0, 16: 0}, max_num_seqs=16) == [(1, 1, 4), (2, 4, 3), (5, 16, 0)]
     assert schedule_from({1: 3, 4: 2}, max_num_seqs=32) == [(1, 1, 3), (2, 32, 2)]  # the last range to max-num-seqs
