@@ -68,7 +68,6 @@ VIEW_LAYOUT = 1
 SGLANG_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 SGLANG_DEFAULT_PORT = 30000
 NUM_AUX_HIDDEN_STATES = 3  # SGLang's fc takes exactly three aux states (llama_eagle3.py: hidden_size_in * 3)
-UNSUPPORTED_SPECULATORS_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 # vLLM flag -> SGLang flag, checked against SGLang's server_args.
 VLLM_TO_SGLANG_FLAGS: dict[str, str] = {
@@ -139,9 +138,7 @@ def sglang_draft_config(speculators: dict[str, Any], target_text: dict[str, Any]
     if spec.model_type != "llama":
         raise ViewError(f"the draft layer is {spec.model_type!r}; SGLang's EAGLE-3 draft class "
                         f"({SGLANG_EAGLE3_ARCH}) is a Llama layer: train the draft with a llama layer")
-    declared = {"norm_before_residual": spec.declared_norm_before_residual, "norm_before_fc": spec.norm_before_fc,
-                "fc_norm": spec.fc_norm, "norm_output": spec.norm_output}
-    on = [name for name in UNSUPPORTED_SPECULATORS_OPTIONS if declared[name]]
+    on = spec.options_on
     if on:
         raise ViewError(f"the draft sets {', '.join(on)}, which SGLang's {SGLANG_EAGLE3_ARCH} does not implement: "
                         "SGLang would run a different network than the one trained; compare on vLLM only")
@@ -221,8 +218,7 @@ def _flat_draft_view(source: Path, config: dict[str, Any], out: Path | None) -> 
     if wanted not in spec.architectures and not renamable:
         raise ViewError(f"{source}/config.json is neither a speculators EAGLE-3 config nor SGLang's {wanted} "
                         f"(architectures {spec.architectures}, {spec.model_type} layer): give an EAGLE-3 draft")
-    on = [name for name in UNSUPPORTED_SPECULATORS_OPTIONS
-          if (spec.declared_norm_before_residual if name == "norm_before_residual" else getattr(spec, name))]
+    on = spec.options_on
     if on:
         raise ViewError(f"the draft sets {', '.join(on)}, which SGLang 0.5.23's {wanted} does not implement "
                         "(EAGLE-3.1's fc_norm / norm_output came in a later SGLang): SGLang would run a different "

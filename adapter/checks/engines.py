@@ -112,37 +112,25 @@ def _mla_layer_params(model: EngineModel, prefix: str, d: DraftSpec, first: bool
         model.add(f"{prefix}{norm}.weight", (h,), needed=first or norm != "hidden_norm")
 
 
-def _fc_norm_params(model: EngineModel, prefix: str, n_aux: int, target_hidden: int) -> None:
-    for j in range(n_aux):
-        model.add(f"{prefix}fc_norm.{j}.weight", (target_hidden,))
-
-
 def vllm_model(d: DraftSpec, target_vocab: int) -> EngineModel:
     """The parameters of vLLM 0.32's `Eagle3LlamaForCausalLM` (or, for an MLA layer, `Eagle3DeepseekV2ForCausalLM`)
     for this config."""
     m = EngineModel("vllm")
     h, th, n_aux = d.hidden_size, d.target_hidden_size, d.vllm_fc_count
     m.add("model.embed_tokens.weight", (d.vocab_size, h), shareable=True)
-    if d.mla:
-        for i in range(d.num_layers):
-            _mla_layer_params(m, f"model.layers.{i}.", d, first=i == 0)
-        m.add("model.fc.weight", (h, n_aux * th))
-        if d.fc_norm:
-            _fc_norm_params(m, "model.", n_aux, th)
-        m.add("model.norm.weight", (h,))
-        m.add("lm_head.weight", (d.draft_vocab_size, h), shareable=True)
-        if d.draft_vocab_size != target_vocab:
-            m.add("draft_id_to_target_id", (d.draft_vocab_size,))
-        return m
     for i in range(d.num_layers):
-        _layer_params(m, f"model.layers.{i}.", d, first=i == 0, qkv_bias=d.attention_bias,
-                      o_bias=d.attention_bias)
-    if d.use_aux_hidden_state:
+        if d.mla:
+            _mla_layer_params(m, f"model.layers.{i}.", d, first=i == 0)
+        else:
+            _layer_params(m, f"model.layers.{i}.", d, first=i == 0, qkv_bias=d.attention_bias,
+                          o_bias=d.attention_bias)
+    if d.mla or d.use_aux_hidden_state:  # the MLA class always builds fc, and has no input_norm
         m.add("model.fc.weight", (h, n_aux * th))
-        if d.norm_before_fc:
+        if d.norm_before_fc and not d.mla:
             m.add("model.input_norm.weight", (n_aux * th,))
         if d.fc_norm:
-            _fc_norm_params(m, "model.", n_aux, th)
+            for j in range(n_aux):
+                m.add(f"model.fc_norm.{j}.weight", (th,))
     m.add("model.norm.weight", (h,))
     m.add("lm_head.weight", (d.draft_vocab_size, h), shareable=True)
     if d.draft_vocab_size != target_vocab:
@@ -176,18 +164,9 @@ def vllm_fate(name: str, d: DraftSpec, model: EngineModel, has_d2t: bool) -> Fat
         return Fate("ignored", note="rotary cache: recomputed by the engine")
     shard = None
     if name.startswith("model."):
-        inner = name.removeprefix("model.").replace("midlayer.", "layers.0.", 1)
-        for old, new, shard_id in STACKED:
-            if old in inner:
-                inner, shard = inner.replace(old, new, 1), shard_id
-                break
+        inner, shard = _stacked(name.removeprefix("model.").replace("midlayer.", "layers.0.", 1), STACKED)
         name = "model." + inner
-    if name in model.params:
-        return Fate("loaded", name, shard)
-    if name.endswith(".bias"):
-        return Fate("dropped", note="no such bias parameter: AutoWeightsLoader ignores unknown '.bias' names")
-    return Fate("load-error", note=f"no parameter {name!r}: vLLM stops at load with 'There is no module or "
-                                   "parameter named ...'")
+    return _vllm_param_fate(name, shard, model)
 
 
 def _stacked(name: str, table: tuple) -> tuple[str, object]:
@@ -195,6 +174,16 @@ def _stacked(name: str, table: tuple) -> tuple[str, object]:
         if old in name:
             return name.replace(old, new, 1), shard_id
     return name, None
+
+
+def _vllm_param_fate(name: str, shard: object, model: EngineModel) -> Fate:
+    """`AutoWeightsLoader` on an engine name: loaded, an unknown bias ignored, anything else unknown a load error."""
+    if name in model.params:
+        return Fate("loaded", name, shard)
+    if name.endswith(".bias"):
+        return Fate("dropped", note="no such bias parameter: AutoWeightsLoader ignores unknown '.bias' names")
+    return Fate("load-error", note=f"no parameter {name!r}: vLLM stops at load with 'There is no module or "
+                                   "parameter named ...'")
 
 
 def _vllm_mla_fate(name: str, model: EngineModel) -> Fate:
@@ -210,12 +199,7 @@ def _vllm_mla_fate(name: str, model: EngineModel) -> Fate:
     if any(s in name for s in ROTARY_UNUSED):
         return Fate("ignored", note="rotary cache: recomputed by the engine")
     name, shard = _stacked(name.replace("midlayer.", "layers.0.", 1), MLA_STACKED)
-    if name in model.params:
-        return Fate("loaded", name, shard)
-    if name.endswith(".bias"):
-        return Fate("dropped", note="no such bias parameter: AutoWeightsLoader ignores unknown '.bias' names")
-    return Fate("load-error", note=f"no parameter {name!r} in the MLA draft class: vLLM stops at load with "
-                                   "'There is no module or parameter named ...'")
+    return _vllm_param_fate(name, shard, model)
 
 
 def sglang_model(d: DraftSpec, target_vocab: int) -> EngineModel:

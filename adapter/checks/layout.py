@@ -27,6 +27,7 @@ def default_aux_ids(num_layers: int) -> list[int]:
 
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")  # a DeepSeek/Kimi multi-head latent attention layer
 EAGLE31_FLAGS = ("fc_norm", "norm_output")
+NORM_OPTIONS = ("norm_before_residual", "norm_before_fc", *EAGLE31_FLAGS)
 MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM 0.32's registry
 SGLANG_MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # the one name SGLang registers (its EntryClass)
 
@@ -102,6 +103,12 @@ class DraftSpec:
     @property
     def eagle31_flags(self) -> list[str]:
         return [name for name in EAGLE31_FLAGS if getattr(self, name)]
+
+    @property
+    def options_on(self) -> list[str]:
+        """The norm options the file turns on (`norm_before_residual` as written, not vLLM's default for it)."""
+        return [name for name in NORM_OPTIONS
+                if (self.declared_norm_before_residual if name == "norm_before_residual" else getattr(self, name))]
 
     @property
     def layout(self) -> str:

@@ -406,8 +406,7 @@ def check_options(ctx: Context) -> list[Finding]:
                            "embeddings",
                            "sglang"))
     # SGLang reads the file's own value (a flat view carries it); vLLM's "true when absent" is vLLM's alone
-    unsupported = ["norm_before_residual"] if spec.declared_norm_before_residual else []
-    unsupported += [o for o in ("norm_before_fc", "fc_norm", "norm_output") if getattr(spec, o)]
+    unsupported = spec.options_on
     if unsupported:
         out.append(finding("option-unsupported", Severity.REFUSAL, "draft options SGLang cannot honour",
                            ", ".join(f"{o}=true" for o in unsupported),

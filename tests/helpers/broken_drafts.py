@@ -44,6 +44,14 @@ def mla_fault(fn: Fault) -> Fault:
     return fn
 
 
+def reported_engines(findings: list, code: str, severity) -> str:
+    """'all' when `code` at `severity` is reported for both engines (as one finding or one per engine), else the one
+    engine, or ''."""
+    hit = {e for f in findings if (f.code, f.severity) == (code, severity) for e in ("vllm", "sglang")
+           if f.applies_to(e)}
+    return "all" if hit == {"vllm", "sglang"} else next(iter(hit), "")
+
+
 def read_draft(folder: Path = SOURCE_DRAFT) -> tuple[dict, Tensors]:
     return json.loads((folder / "config.json").read_text()), load_file(folder / "model.safetensors")
 

@@ -70,13 +70,6 @@ def _codes(findings: list[Finding]) -> set[tuple[str, Severity, str]]:
     return {(f.code, f.severity, f.engine) for f in findings}
 
 
-def _engines(findings: list[Finding], code: str, severity: Severity) -> str:
-    """'all' when reported for both engines (as one finding or one per engine), else the one engine, or ''."""
-    hit = {e for f in findings if (f.code, f.severity) == (code, severity) for e in ("vllm", "sglang")
-           if f.applies_to(e)}
-    return "all" if hit == {"vllm", "sglang"} else next(iter(hit), "")
-
-
 def test_every_fault_has_an_expectation() -> None:
     assert set(EXPECTED) == set(bd.FAULTS) - {"midlayer_layout"}
     assert len({code for code, severity, _ in EXPECTED.values() if severity > I}) >= 12
@@ -92,8 +85,8 @@ def test_fault_is_reported(fault: str, built: Path, baseline: list[Finding]) -> 
     findings = run_static_checks(bd.build(fault, built), bd.SOURCE_TARGET)
     code, severity, engine = EXPECTED[fault]
     new = [f for f in findings if (f.code, f.severity, f.engine) not in _codes(baseline)]
-    assert _engines(new, code, severity) == engine, [f"{f.severity.name} {f.engine} {f.code}: {f.found}"
-                                                     for f in findings]
+    reported = [f"{f.severity.name} {f.engine} {f.code}: {f.found}" for f in findings]
+    assert bd.reported_engines(new, code, severity) == engine, reported
     if severity == R and engine in ("all", "vllm"):
         message = refusal_message(findings)
         assert f"[{code}]" in message and "Fix:" in message

@@ -37,12 +37,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("mla-broken")
 
 
-def _engines(findings, code: str, severity: Severity) -> str:
-    hit = {e for f in findings if (f.code, f.severity) == (code, severity) for e in ("vllm", "sglang")
-           if f.applies_to(e)}
-    return "all" if hit == {"vllm", "sglang"} else next(iter(hit), "")
-
-
 def test_every_mla_fault_has_an_expectation() -> None:
     assert set(EXPECTED) == set(bd.MLA_FAULTS)
 
@@ -86,8 +80,8 @@ def test_mla_fault_is_reported(fault: str, built: Path) -> None:
     findings = run_static_checks(bd.build(fault, built), TARGET_DIR)
     new = [f for f in findings if (f.code, f.severity, f.engine) not in baseline]
     code, severity, engine = EXPECTED[fault]
-    assert _engines(new, code, severity) == engine, [f"{f.severity.name} {f.engine} {f.code}: {f.found}"
-                                                     for f in findings]
+    reported = [f"{f.severity.name} {f.engine} {f.code}: {f.found}" for f in findings]
+    assert bd.reported_engines(new, code, severity) == engine, reported
     if engine in ("all", "vllm"):
         message = refusal_message(findings, engine="vllm")
         assert f"[{code}]" in message and "Fix:" in message
