@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: what the draft fail-safe buys on a random-weight copy of the profile's draft: the "
                         "target alone, that draft with the fail-safe off, and on, at 1 and 4 in flight, one server at "
                         "a time, and how long after the load began it bypassed the draft (about 5 minutes)")
+    p.add_argument("--startup", action="store_true",
+                   help="instead: how long `kimi-eagle serve PROFILE` (what `make serve` runs) takes to its Ready "
+                        "line: each round with an empty compile cache of its own, a first start (nothing compiled) "
+                        "and a second (what the first saved); 2 rounds, about 5 minutes (with --quick, 1 round)")
     p.add_argument("--write-profile", action="store_true",
                    help="with --tune: write the schedule into the profile's YAML file")
     p.add_argument("--rounds", type=int, help="with --configs: rounds of the whole matrix (default 3)")
@@ -69,7 +73,7 @@ def _terminated(signum: int, frame: object) -> None:
 def _command_line(args: argparse.Namespace) -> str:
     """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
     words = ["kimi-eagle", "bench", *(["--configs"] if args.configs else []), *(["--tune"] if args.tune else []),
-             *(["--bypass"] if args.bypass else []),
+             *(["--bypass"] if args.bypass else []), *(["--startup"] if args.startup else []),
              *(["--quick"] if args.quick else [])]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
@@ -108,9 +112,10 @@ def _rewrite_report(path: Path) -> int:
 
 def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, profile: Profile,
               prompts: list[str], stamp: str, console: Console):
-    """Run one of the one-server-at-a-time modes (configs, tune, bypass) and write its results; returns the result
-    and its JSON path, or an exit code when it could not run."""
+    """Run one of the one-server-at-a-time modes (configs, tune, bypass, startup) and write its results; returns the
+    result and its JSON path, or an exit code when it could not run."""
     from kimi_eagle.bench.client import BenchRequestError
+    from kimi_eagle.bench.startup import StartupError
     from kimi_eagle.loadtest.files import write_atomic, write_model
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.launch import ServerStartError
@@ -121,7 +126,7 @@ def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, p
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         result = bench.run()
-    except (ServerStartError, BenchRequestError, CommandError) as exc:
+    except (ServerStartError, BenchRequestError, CommandError, StartupError) as exc:
         return fail("bench", str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -173,6 +178,15 @@ def _run_bypass(args: argparse.Namespace, profile: Profile, prompts: list[str], 
     return outcome if isinstance(outcome, int) else 0
 
 
+def _run_startup(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str,
+                 console: Console) -> int:
+    from kimi_eagle.bench import startup
+
+    plan = startup.QUICK if args.quick else startup.FULL
+    outcome = _run_mode(plan, startup.StartupBench, startup.markdown, args, profile, prompts, stamp, console)
+    return outcome if isinstance(outcome, int) else 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -194,8 +208,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
     if args.rounds is not None and (not args.configs or args.rounds < 1):
         return fail("bench", "--rounds N (N >= 1) goes with --configs")
-    if sum((args.configs, args.tune, args.bypass)) > 1:
-        return fail("bench", "--configs, --tune and --bypass are different runs: give one")
+    if sum((args.configs, args.tune, args.bypass, args.startup)) > 1:
+        return fail("bench", "--configs, --tune, --bypass and --startup are different runs: give one")
     if args.dtype is not None and not args.configs:
         return fail("bench", "--dtype goes with --configs")
     if args.write_profile and not args.tune:
@@ -216,6 +230,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_tune(args, profile, prompts, stamp, console)
     if args.bypass:
         return _run_bypass(args, profile, prompts, stamp, console)
+    if args.startup:
+        return _run_startup(args, profile, prompts, stamp, console)
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
                   files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)

@@ -131,6 +131,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
         return
     assert result.schedule[0][0] == 1 and result.schedule[-1][1] == 16
     assert {p.config for p in result.proof} >= {"alone", "tuned"}
+    assert all(p.tokens_per_s.n == TUNE_QUICK.proof_rounds for p in result.proof)
     assert {p.concurrency for p in result.proof_points} == {*TUNE_QUICK.concurrency, 16}
     written = load_profile(str(profile)).speculative
     assert written.num_speculative_tokens_per_batch_size == [tuple(r) for r in result.schedule]
@@ -153,4 +154,21 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
     assert len(result.seconds_to_bypass) == 1 and result.seconds_to_bypass[0] is not None
     logs = {p.name: p.read_text() for p in tmp_path.glob("bypass-quick-*-files/logs/*.log")}
     assert sum("DRAFT BYPASSED" in text for text in logs.values()) == 1  # on the fail-safe's server only
+    assert result.verdict in done.stdout
+
+
+def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path) -> None:
+    """`bench --startup --quick`: `kimi-eagle serve` twice on an empty compile cache of its own; the second start
+    loads what the first compiled, and is the faster."""
+    from kimi_eagle.bench.startup import StartupResult
+
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--startup", "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [json_path] = tmp_path.glob("startup-quick-*.json")
+    result = StartupResult.model_validate_json(json_path.read_text())
+    first, second = result.starts
+    assert (first.start, first.cache_files_before) == ("first", 0)
+    assert second.start == "second" and second.cache_files_before > 0
+    assert second.seconds_to_ready < first.seconds_to_ready
     assert result.verdict in done.stdout

@@ -1,0 +1,163 @@
+"""`kimi-eagle bench --startup`: how long `make serve` takes to its `Ready` line, the first time and every later time.
+
+A user's first start compiles the target and the draft (torch.compile); every later start loads what the first one
+saved (vLLM's cache, made reusable on CPU and keyed by the capture in `adapter/compile_cache.py`). Each round gives
+`kimi-eagle serve PROFILE` (what `make serve` runs once the venv is in place) an empty `VLLM_CACHE_ROOT` of its own
+and starts it twice: the first start with nothing compiled, the second with what the first saved. Each start is
+timed as a user sees it, from the command to its `Ready in` line (pre-flight checks, vLLM's start-up, the model
+answering /health), then stopped as Ctrl-C would (SIGTERM takes the same path).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import psutil
+import yaml
+from pydantic import BaseModel, Field
+
+from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.run import machine_now
+from kimi_eagle.bench.stats import Spread, spread
+from kimi_eagle.processes import free_port
+from kimi_eagle.serve.profile import Profile
+
+SECOND_START_GOAL_S = 45.0  # issue 18: every start after the first, to Ready, on this 2-core machine
+READY_PREFIX = "Ready in "  # the line `kimi-eagle serve` prints once the server answers (serve/launch.py)
+START_TIMEOUT_S = 600.0
+
+
+class StartupPlan(BaseModel):
+    mode: str
+    rounds: int = Field(ge=1, description="Each round: a fresh compile cache, a first start and a second start.")
+
+
+FULL = StartupPlan(mode="startup", rounds=2)
+QUICK = StartupPlan(mode="startup-quick", rounds=1)
+
+
+class Start(BaseModel):
+    round: int
+    start: Literal["first", "second"]
+    seconds_to_ready: float = Field(description="From the command to its `Ready in` line.")
+    cache_files_before: int = Field(description="Files in the round's VLLM_CACHE_ROOT when the start began.")
+
+
+class StartupResult(BaseModel):
+    command: str
+    started_utc: str
+    duration_s: float
+    machine: Machine
+    profile: str
+    plan: StartupPlan
+    starts: list[Start]
+    first: Spread
+    second: Spread
+    verdict: str
+
+
+class StartupError(RuntimeError):
+    """A start that did not reach its Ready line; the message holds the end of its output."""
+
+
+class StartupBench:
+    def __init__(self, plan: StartupPlan, profile: Profile, *, target: str | None, draft: str | None,
+                 prompts: list[str], files_dir: Path, command_line: str, say: Callable[[str], None]) -> None:
+        self.plan, self.profile, self.files_dir = plan, profile, files_dir
+        self.target, self.draft, self.command_line, self.say = target, draft, command_line, say
+        # The profile as loaded, as a file of its own: `serve` takes a name or a file, and a name is not kept.
+        self.profile_file = files_dir / f"{profile.name}.yaml"
+        files_dir.mkdir(parents=True, exist_ok=True)
+        self.profile_file.write_text(yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False))
+
+    def run(self) -> StartupResult:
+        started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        t0, load_before = time.perf_counter(), os.getloadavg()
+        starts = []
+        for round_no in range(1, self.plan.rounds + 1):
+            cache = self.files_dir / f"vllm-cache-r{round_no}"  # empty: this round's first start compiles
+            for which in ("first", "second"):
+                files = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+                log = self.files_dir / "logs" / f"{which}-r{round_no}.log"
+                seconds = self._start(cache, log)
+                starts.append(Start(round=round_no, start=which, seconds_to_ready=seconds, cache_files_before=files))
+                self.say(f"  round {round_no}/{self.plan.rounds}, {which} start: Ready after {seconds:.1f}s "
+                         f"({files} files in the compile cache before)")
+            shutil.rmtree(cache, ignore_errors=True)  # compiled graphs, tens of MB a round; the logs stay
+        first = spread([s.seconds_to_ready for s in starts if s.start == "first"])
+        second = spread([s.seconds_to_ready for s in starts if s.start == "second"])
+        return StartupResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
+                             machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
+                             starts=starts, first=first, second=second, verdict=verdict(first, second))
+
+    def _start(self, cache: Path, log: Path) -> float:
+        """`kimi-eagle serve` as a user runs it; seconds to its Ready line; stopped before returning."""
+        argv = [sys.executable, "-m", "kimi_eagle.cli", "serve", str(self.profile_file), "--port", str(free_port())]
+        argv += [*(["--target", self.target] if self.target else []), *(["--draft", self.draft] if self.draft else [])]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_CACHE_ROOT": str(cache)}
+        with log.open("w") as out:
+            t0 = time.perf_counter()
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            try:
+                seconds = None
+                for line in process.stdout:
+                    out.write(line)
+                    if line.startswith(READY_PREFIX):
+                        seconds = time.perf_counter() - t0
+                        break
+                    if time.perf_counter() - t0 > START_TIMEOUT_S:
+                        break
+                if seconds is None:
+                    raise StartupError(f"`{' '.join(argv)}` did not print its Ready line (log: {log})")
+                return seconds
+            finally:
+                _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM, as `kimi-eagle serve` stops on Ctrl-C; then whatever it left behind is killed."""
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.communicate(timeout=60)  # drains its output, so that a full pipe cannot block its stop
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    for child in alive:
+        child.kill()
+
+
+def verdict(first: Spread, second: Spread) -> str:
+    met = "meets" if second.max <= SECOND_START_GOAL_S else "misses"
+    return (f"first start (nothing compiled) {_seconds(first)} to Ready, every later start {_seconds(second)} "
+            f"({met} the {SECOND_START_GOAL_S:.0f} s goal)")
+
+
+def _seconds(s: Spread) -> str:
+    return f"{s.median:.1f} s" if s.n == 1 else f"{s.median:.1f} s [{s.min:.1f}-{s.max:.1f}]"
+
+
+def markdown(result: StartupResult) -> str:
+    lines = [f"# Start-up of `kimi-eagle serve {result.profile}` to its Ready line", "",
+             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
+             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
+             f"{result.plan.rounds} rounds, each with an empty VLLM_CACHE_ROOT of its own: a first start with "
+             "nothing compiled, then a second start with what the first saved.", "",
+             "| round | start | seconds to Ready | files in the compile cache before |", "|---|---|---|---|"]
+    lines += [f"| {s.round} | {s.start} | {s.seconds_to_ready:.1f} | {s.cache_files_before} |" for s in result.starts]
+    lines += ["", f"**{result.verdict}.**", ""]
+    return "\n".join(lines)
