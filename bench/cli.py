@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from kimi_eagle.cli import fail
@@ -115,7 +116,6 @@ def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, p
     """Run one of the one-server-at-a-time modes (configs, tune, bypass, startup) and write its results; returns the
     result and its JSON path, or an exit code when it could not run."""
     from kimi_eagle.bench.client import BenchRequestError
-    from kimi_eagle.bench.startup import StartupError
     from kimi_eagle.loadtest.files import write_atomic, write_model
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.launch import ServerStartError
@@ -126,7 +126,7 @@ def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, p
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         result = bench.run()
-    except (ServerStartError, BenchRequestError, CommandError, StartupError) as exc:
+    except (ServerStartError, BenchRequestError, CommandError) as exc:
         return fail("bench", str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -169,21 +169,11 @@ def _run_tune(args: argparse.Namespace, profile: Profile, prompts: list[str], st
     return 0
 
 
-def _run_bypass(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str,
-                console: Console) -> int:
-    from kimi_eagle.bench import bypass
-
-    plan = bypass.QUICK if args.quick else bypass.FULL
-    outcome = _run_mode(plan, bypass.BypassBench, bypass.markdown, args, profile, prompts, stamp, console)
-    return outcome if isinstance(outcome, int) else 0
-
-
-def _run_startup(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str,
-                 console: Console) -> int:
-    from kimi_eagle.bench import startup
-
-    plan = startup.QUICK if args.quick else startup.FULL
-    outcome = _run_mode(plan, startup.StartupBench, startup.markdown, args, profile, prompts, stamp, console)
+def _run_plain_mode(module: ModuleType, bench_class: type, args: argparse.Namespace, profile: Profile,
+                    prompts: list[str], stamp: str, console: Console) -> int:
+    """A mode with a FULL and a QUICK plan, a bench class and `markdown` (bypass, startup), and nothing after."""
+    plan = module.QUICK if args.quick else module.FULL
+    outcome = _run_mode(plan, bench_class, module.markdown, args, profile, prompts, stamp, console)
     return outcome if isinstance(outcome, int) else 0
 
 
@@ -229,9 +219,13 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.tune:
         return _run_tune(args, profile, prompts, stamp, console)
     if args.bypass:
-        return _run_bypass(args, profile, prompts, stamp, console)
+        from kimi_eagle.bench import bypass
+
+        return _run_plain_mode(bypass, bypass.BypassBench, args, profile, prompts, stamp, console)
     if args.startup:
-        return _run_startup(args, profile, prompts, stamp, console)
+        from kimi_eagle.bench import startup
+
+        return _run_plain_mode(startup, startup.StartupBench, args, profile, prompts, stamp, console)
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
                   files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)

@@ -28,7 +28,9 @@ from kimi_eagle.bench.result import Machine
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.stats import Spread, spread
 from kimi_eagle.processes import free_port
+from kimi_eagle.serve.launch import ServerStartError
 from kimi_eagle.serve.profile import Profile
+from kimi_eagle.serve.server_log import describe_failure
 
 SECOND_START_GOAL_S = 45.0  # issue 18: every start after the first, to Ready, on this 2-core machine
 READY_PREFIX = "Ready in "  # the line `kimi-eagle serve` prints once the server answers (serve/launch.py)
@@ -62,10 +64,6 @@ class StartupResult(BaseModel):
     first: Spread
     second: Spread
     verdict: str
-
-
-class StartupError(RuntimeError):
-    """A start that did not reach its Ready line; the message holds the end of its output."""
 
 
 class StartupBench:
@@ -117,7 +115,9 @@ class StartupBench:
                     if time.perf_counter() - t0 > START_TIMEOUT_S:
                         break
                 if seconds is None:
-                    raise StartupError(f"`{' '.join(argv)}` did not print its Ready line (log: {log})")
+                    out.flush()
+                    raise ServerStartError(f"`{' '.join(argv)}` did not print its Ready line; "
+                                           f"{describe_failure(log, None)}")
                 return seconds
             finally:
                 _stop(process)

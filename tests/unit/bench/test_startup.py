@@ -8,6 +8,7 @@ import pytest
 
 from kimi_eagle.bench import startup
 from kimi_eagle.bench.stats import spread
+from kimi_eagle.serve.launch import ServerStartError
 from kimi_eagle.serve.profile import load_profile
 
 
@@ -33,12 +34,12 @@ def test_the_report_lists_each_start_with_what_the_cache_held(tmp_path: Path) ->
     assert "**first start (nothing compiled) 86.0 s to Ready, every later start 31.2 s (meets" in text
 
 
-def test_a_start_that_never_prints_its_ready_line_is_an_error_naming_its_log(tmp_path: Path) -> None:
+def test_a_start_that_never_prints_its_ready_line_is_a_start_error_naming_its_log(tmp_path: Path) -> None:
     """A real `kimi-eagle serve` whose pre-flight refuses the target: it exits without a Ready line."""
     profile = load_profile("tiny-cpu").model_copy(update={"target": str(tmp_path / "no-such-model")})
     bench = startup.StartupBench(startup.QUICK, profile, target=None, draft=None, prompts=[], files_dir=tmp_path,
                                  command_line="kimi-eagle bench --startup --quick", say=print)
-    with pytest.raises(startup.StartupError, match="did not print its Ready line") as raised:
+    with pytest.raises(ServerStartError, match="did not print its Ready line") as raised:
         bench.run()
-    log = Path(str(raised.value).rsplit("(log: ", 1)[1].rstrip(")"))
-    assert "no-such-model" in log.read_text()
+    log = tmp_path / "logs" / "first-r1.log"
+    assert str(log) in str(raised.value) and "no-such-model" in log.read_text()
