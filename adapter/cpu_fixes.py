@@ -73,11 +73,13 @@ def enable_correct_expand() -> None:
 
 
 def verify_draft_tokens_on_the_mla_decode_kernel() -> None:
-    """CPU_MLA sends every verification step (1 + k tokens per request) down its prefill path; the override
-    (`adapter/cpu_mla_spec_decode.py`, through vLLM's backend registry) runs them on the decode kernel."""
+    """CPU_MLA and AMX_MLA send every verification step (1 + k tokens per request) down their prefill paths; the
+    overrides (`adapter/cpu_mla_spec_decode.py`, through vLLM's backend registry) run them on the decode kernels."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CPU_MLA, "kimi_eagle.adapter.cpu_mla_spec_decode.SpecDecodeCPUMLABackend")
+    module = "kimi_eagle.adapter.cpu_mla_spec_decode"
+    register_backend(AttentionBackendEnum.CPU_MLA, f"{module}.SpecDecodeCPUMLABackend")
+    register_backend(AttentionBackendEnum.AMX_MLA, f"{module}.SpecDecodeAMXMLABackend")
 
 
 def apply() -> bool:

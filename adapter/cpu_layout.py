@@ -33,6 +33,11 @@ def worker_cores(vllm_config) -> set[int]:
     return {cpu for cpus in manager.cpu_lists for cpu in cpus}
 
 
+def has_worker_processes(vllm_config) -> bool:
+    """Whether this engine's workers run in processes of their own, whose cores vLLM binds."""
+    return vllm_config.parallel_config.distributed_executor_backend == "mp"
+
+
 def pin_process(cores: set[int]) -> None:
     """Every thread of this process onto `cores` (threads started later inherit it)."""
     for tid in os.listdir("/proc/self/task"):
@@ -58,6 +63,8 @@ def install() -> bool:
 
     def run_busy_loop(self):
         # Here every thread of the engine core exists and its workers are bound: what vLLM reserved stays free.
+        if not has_worker_processes(self.vllm_config):
+            return original(self)
         cores = worker_cores(self.vllm_config) & os.sched_getaffinity(0)
         if cores:
             pin_process(cores)

@@ -1,17 +1,20 @@
-"""CPU_MLA that verifies draft tokens on its decode kernel, as vLLM's GPU MLA backends do.
+"""CPU_MLA and AMX_MLA that verify draft tokens on their decode kernels, as vLLM's GPU MLA backends do.
 
-vLLM 0.32's CPU_MLA declares single-token queries only (`QueryLenSupport.SINGLE_ONLY`), so each verification
-step of speculative decoding (1 + k query tokens per request) takes the prefill path: it gathers the whole
-context from the KV cache, up-projects it through `kv_b_proj` and runs SDPA, every step. Measured on the tiny
-pair, that made a speculative step cost almost two plain steps before its first draft token.
+vLLM 0.32's CPU MLA backends declare single-token queries only (`QueryLenSupport.SINGLE_ONLY`), so each
+verification step of speculative decoding (1 + k query tokens per request) takes the prefill path. On CPU_MLA
+that gathers the whole context from the KV cache, up-projects it through `kv_b_proj` and runs SDPA, every step:
+measured on the tiny pair, a speculative step cost almost two plain steps before its first draft token. AMX_MLA
+(vLLM's pick for bfloat16 on a CPU with AMX) runs its extend kernel there: measured under one stream, that was
+12% of the worker's time, 2.6 times what the decode kernel took for a plain step.
 
-The CPU decode kernel (`mla_decode_kvcache_cpu`) reads each query row's own KV extent from `seq_lens`, so a
-uniform block of q query tokens is q decode rows: the same block table, extents seq_len - q + 1 ... seq_len
-(causal inside the block). vLLM's Triton MLA backend handles spec decode the same way
+Both decode kernels (`mla_decode_kvcache_cpu`, AMX's `cpu_mla_decode`) read each query row's own KV extent from
+`seq_lens`, so a uniform block of q query tokens is q decode rows: the same block table, extents
+seq_len - q + 1 ... seq_len (causal inside the block). vLLM's Triton MLA backend handles spec decode the same way
 (`TritonMLAImpl.forward_mqa`); the KV cache already holds the block's own tokens when attention runs. Here the
-rows are laid out in the decode metadata, once per step, and upstream's `CPUMLAImpl` runs unchanged.
+rows are laid out in the decode metadata, once per step, and upstream's impls run unchanged.
 
-Installed through vLLM's registry (`register_backend` overriding `CPU_MLA`), not by editing its classes.
+Installed through vLLM's registry (`register_backend` overriding `CPU_MLA` and `AMX_MLA`), not by editing their
+classes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonMetadataBuilder,
     QueryLenSupport,
 )
+from vllm.v1.attention.backends.mla.amx_mla import AMXMLABackend, AMXMLAMetadataBuilder
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
 
 
@@ -43,9 +47,9 @@ def decode_rows(block_table: torch.Tensor, seq_lens: torch.Tensor,
             (seq_lens.unsqueeze(1) + offsets).flatten().clamp(min=0))
 
 
-class SpecDecodeCPUMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+class DecodeRowPerQueryToken:
     """Decode metadata with one row per query token, built once per step for every layer; upstream's
-    `CPUMLAImpl.forward_mqa` then hands each row to the kernel unchanged."""
+    `forward_mqa` then hands each row to its kernel unchanged. Mixed in before a backend's own builder."""
 
     # UNIFORM raises the decode threshold to 1 + num_speculative_tokens; a batch whose query lengths differ
     # sends the odd ones to the prefill path, which stays correct. Non-causal blocks stay refused by the parent
@@ -62,7 +66,21 @@ class SpecDecodeCPUMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata
                                      dcp_tot_seq_lens_device)
 
 
+class SpecDecodeCPUMLAMetadataBuilder(DecodeRowPerQueryToken, MLACommonMetadataBuilder[MLACommonMetadata]):
+    pass
+
+
 class SpecDecodeCPUMLABackend(CPUMLABackend):
     @staticmethod
     def get_builder_cls() -> type[SpecDecodeCPUMLAMetadataBuilder]:
         return SpecDecodeCPUMLAMetadataBuilder
+
+
+class SpecDecodeAMXMLAMetadataBuilder(DecodeRowPerQueryToken, AMXMLAMetadataBuilder):
+    """AMX's `build` then derives its kernel's `req_to_token` and int64 `seq_lens` from these rows."""
+
+
+class SpecDecodeAMXMLABackend(AMXMLABackend):
+    @staticmethod
+    def get_builder_cls() -> type[SpecDecodeAMXMLAMetadataBuilder]:
+        return SpecDecodeAMXMLAMetadataBuilder

@@ -1,13 +1,15 @@
 """`kimi-eagle bench --configs`: which way of serving the same pair is fastest on this machine, streamed and not.
 
-The matrix is dtype (float32, bfloat16) x core layout (both cores bound to the engine's worker; vLLM's own
-default, which leaves a core to the API server, with the engine core on the worker's cores as the plugin puts it;
-or with the engine core floating, as vLLM leaves it) x target alone or with its draft. Plain `vllm serve MODEL` is
-"bfloat16, alone, vLLM's default layout". One server runs at a time (two would share the 2 cores); each round
-starts every configuration once, in an order rotated by round, so that the machine's drift (this one's speed moves
-by a third within minutes) spreads over all of them. At each load, a draft configuration is compared round by round
-with the configuration without a draft whose median there is highest (not with the best of them in each round: the
-highest of several noisy samples is biased upwards).
+The matrix is dtype (float32, bfloat16) x process and core layout x target alone or with its draft. The layouts:
+both cores bound to the engine's worker; vLLM's own default, which leaves a core to the API server, with the engine
+core on the worker's cores as the plugin puts it, or floating, as vLLM leaves it; and vLLM's uniprocess executor,
+the worker inside the engine core process (`--distributed-executor-backend uni` with
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`, vLLM's own switches), which saves the engine core's round trips to a worker
+process on every step. Plain `vllm serve MODEL` is "bfloat16, alone, vLLM's default layout". One server runs at a
+time (two would share the 2 cores); each round starts every configuration once, in an order rotated by round, so
+that the machine's drift (this one's speed moves by a third within minutes) spreads over all of them. At each load,
+a draft configuration is compared round by round with the configuration without a draft whose median there is
+highest (not with the best of them in each round: the highest of several noisy samples is biased upwards).
 """
 
 from __future__ import annotations
@@ -32,16 +34,21 @@ from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile
 
 BIND_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+# vLLM's CPU platform turns `uni` back into `mp` unless V1 multiprocessing is off (vllm/platforms/cpu.py); the API
+# server still runs the engine core in a process of its own either way.
+IN_PROCESS_ARGS = {"distributed-executor-backend": "uni"}
+IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # The reference MLA kernel: fp32 runs only there (AMX_MLA, which vLLM picks where the CPU has AMX, needs bf16).
 FLOAT32_ATTENTION = "CPU_MLA"
 
 
 class ServingConfig(BaseModel):
     dtype: Literal["float32", "bfloat16"]
-    cores: Literal["bound", "vllm-default", "vllm-floating"] = Field(
+    cores: Literal["bound", "vllm-default", "vllm-floating", "in-process"] = Field(
         description="`bound`: every core to the worker's OpenMP threads (none reserved); `vllm-default`: vLLM's own "
                     "layout, the engine core on the worker's cores (the plugin's `adapter/cpu_layout.py`); "
-                    "`vllm-floating`: vLLM's layout as vLLM leaves it, the engine core unbound.")
+                    "`vllm-floating`: vLLM's layout as vLLM leaves it, the engine core unbound; `in-process`: "
+                    "vLLM's uniprocess executor, the worker inside the engine core process, nothing bound.")
     draft: bool
 
     @property
@@ -50,11 +57,15 @@ class ServingConfig(BaseModel):
 
     def profile(self, base: Profile) -> Profile:
         """The base profile served this way (its model, KV cache and limits unchanged)."""
-        vllm_args = {k: v for k, v in base.vllm_args.items() if k.replace("_", "-") != "attention-backend"}
+        named_here = {"attention-backend", *IN_PROCESS_ARGS}
+        vllm_args = {k: v for k, v in base.vllm_args.items() if k.replace("_", "-") not in named_here}
         vllm_args["dtype"] = self.dtype
         if self.dtype == "float32":
             vllm_args["attention-backend"] = FLOAT32_ATTENTION
-        env = {k: v for k, v in base.env.items() if k not in BIND_ENV}
+        env = {k: v for k, v in base.env.items() if k not in {*BIND_ENV, *IN_PROCESS_ENV}}
+        if self.cores == "in-process":
+            vllm_args |= IN_PROCESS_ARGS
+            env |= IN_PROCESS_ENV
         if self.cores == "vllm-floating":
             env[envs.CPU_LAYOUT.name] = "vllm"
         if self.cores == "bound":
@@ -64,7 +75,8 @@ class ServingConfig(BaseModel):
 
 
 MATRIX = [ServingConfig(dtype=d, cores=c, draft=s)
-          for d in ("float32", "bfloat16") for c in ("bound", "vllm-default", "vllm-floating") for s in (False, True)]
+          for d in ("float32", "bfloat16") for c in ("bound", "vllm-default", "vllm-floating", "in-process")
+          for s in (False, True)]
 
 
 class LoadPoint(BaseModel):
@@ -88,7 +100,7 @@ FULL = ConfigsPlan(mode="configs", configs=MATRIX, rounds=3, max_tokens=64, requ
                    points=[LoadPoint(stream=True, concurrency=1), LoadPoint(stream=True, concurrency=4),
                            LoadPoint(stream=False, concurrency=1), LoadPoint(stream=False, concurrency=16)])
 QUICK = ConfigsPlan(mode="configs-quick", rounds=1, max_tokens=16, requests_per_stream=2,
-                    configs=[c for c in MATRIX if c.dtype == "bfloat16" and c.cores == "vllm-default"],
+                    configs=[c for c in MATRIX if c.dtype == "bfloat16" and c.cores == "in-process"],
                     points=[LoadPoint(stream=True, concurrency=1), LoadPoint(stream=False, concurrency=4)])
 
 

@@ -73,11 +73,11 @@ def validate_with_vllm(command: ServeCommand, *, engine_config: bool = True) -> 
         raise CommandError(f"vLLM rejects this combination of flags: {exc}") from None
     report = ValidationReport(checked=["every flag, by vLLM's server parser and its serve-argument checks"])
     if engine_config:
-        _check_engine_config(namespace, report)
+        _check_engine_config(namespace, report, command.env)
     return report
 
 
-def _check_engine_config(namespace: object, report: ValidationReport) -> None:
+def _check_engine_config(namespace: object, report: ValidationReport, env: dict[str, str]) -> None:
     import importlib.util
     import tempfile
 
@@ -104,7 +104,7 @@ def _check_engine_config(namespace: object, report: ValidationReport) -> None:
             engine_args.distributed_executor_backend = "mp"
             report.not_checked.append("the Ray cluster: Ray is not installed here, so the parallel config was built "
                                       "with the `mp` backend in its place")
-        with _environment_restored(), _vllm_warnings_collected(engine_args) as warnings:
+        with _environment_restored(env), _vllm_warnings_collected(engine_args) as warnings:
             try:
                 vllm_config = engine_args.create_engine_config()
             except _CONFIG_ERRORS as exc:
@@ -124,7 +124,8 @@ def _check_engine_config(namespace: object, report: ValidationReport) -> None:
         f"{vllm_config.model_config.quantization or 'unquantised'}, max-model-len "
         f"{vllm_config.model_config.max_model_len}), parallel (TP {par.tensor_parallel_size}, PP "
         f"{par.pipeline_parallel_size}, DP {par.data_parallel_size}, expert parallel "
-        f"{'on' if par.enable_expert_parallel else 'off'}), {speculative}, cache, scheduler")
+        f"{'on' if par.enable_expert_parallel else 'off'}, executor {_executor(par)}), {speculative}, cache, "
+        "scheduler")
     report.not_checked += [
         "what only a GPU run shows: CUDA kernels for this quantization and attention, memory (estimate it with "
         "`kimi-eagle sizing`), NCCL; and the checkpoint's tensors (no weight file is opened)",
@@ -229,11 +230,21 @@ def _refuse_eagle3_with_pipeline_parallel(vllm_config: object) -> None:
                            "instead (--tensor-parallel-size N --pipeline-parallel-size 1)")
 
 
+def _executor(parallel_config: object) -> str:
+    backend = parallel_config.distributed_executor_backend
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", str(backend))
+    # vLLM's CPU platform turns `uni` into `mp` unless the profile's env turns V1 multiprocessing off: say which won.
+    return {"uni": "uni, the worker inside the engine core process",
+            "mp": "mp, a worker process per rank"}.get(name, name)
+
+
 @contextmanager
-def _environment_restored() -> Iterator[None]:
-    # vLLM's CPU platform writes worker settings into os.environ while it builds the config; the server we start
-    # later inherits our environment, so put it back as it was.
+def _environment_restored(env: dict[str, str]) -> Iterator[None]:
+    # The config is built under the profile's env (vLLM's CPU platform reads some of it, e.g. whether V1
+    # multiprocessing is on). vLLM's CPU platform writes worker settings into os.environ while it builds the config;
+    # the server we start later inherits our environment, so put it back as it was.
     saved = dict(os.environ)
+    os.environ.update(env)
     try:
         yield
     finally:

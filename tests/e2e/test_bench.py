@@ -85,8 +85,8 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
 
 
 def test_quick_configs_benchmark_serves_the_default_layout_streamed_and_not(tmp_path: Path) -> None:
-    """The two bfloat16 configurations in vLLM's core layout (the default profile and a plain `vllm serve`), one
-    server at a time, a streamed and a non-streamed load each."""
+    """The two bfloat16 configurations with the worker inside the engine core (the default profile and its target
+    alone), one server at a time, a streamed and a non-streamed load each."""
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--configs", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

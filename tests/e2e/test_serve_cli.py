@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -15,16 +16,16 @@ from tests.helpers.cli import CLI
 from tests.helpers.terminal import ctrl_c_as_in_a_terminal
 
 
-def assert_engine_core_on_its_workers_cores(processes: list[psutil.Process]) -> None:
-    """The default profile keeps vLLM's core layout, where the worker is bound and the engine core, pinned by the
-    plugin (`adapter/cpu_layout.py`), runs on the worker's cores, every thread of it, leaving the rest to the API
-    server."""
-    by_name = {p.name(): p for p in processes}
-    core, worker = by_name["VLLM::EngineCore"], by_name["VLLM::Worker"]
-    worker_cores = set(worker.cpu_affinity())
-    assert len(worker_cores) < psutil.cpu_count() or psutil.cpu_count() == 1
+def assert_worker_inside_an_unbound_engine_core(processes: list[psutil.Process]) -> None:
+    """The default profile runs vLLM's uniprocess executor: no worker process, and the engine core, which runs the
+    model itself, is not pinned by the plugin (`adapter/cpu_layout.py` pins only an engine core that waits on
+    worker processes; pinned here, the engine served 2 tokens/s)."""
+    names = [p.name() for p in processes]
+    assert "VLLM::Worker" not in names, names
+    core = next(p for p in processes if p.name() == "VLLM::EngineCore")
+    allowed = set(os.sched_getaffinity(0))
     for thread in core.threads():
-        assert set(psutil.Process(thread.id).cpu_affinity()) <= worker_cores
+        assert set(psutil.Process(thread.id).cpu_affinity()) == allowed
 
 
 @pytest.mark.e2e
@@ -40,7 +41,7 @@ def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) ->
         assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, stderr.read_text()[-3000:]
         children = psutil.Process(process.pid).children(recursive=True)
         assert children, "the vLLM server should be running under the CLI"
-        assert_engine_core_on_its_workers_cores(children)
+        assert_worker_inside_an_unbound_engine_core(children)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
         deadline = time.monotonic() + 30

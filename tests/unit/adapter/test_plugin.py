@@ -55,25 +55,36 @@ def test_fixed_expand_writes_every_token_in_its_dtype() -> None:
     assert top_k.tolist() == [5, 5, 4096, 4096, 4096, 9]
 
 
-def test_upstream_cpu_mla_still_sends_verification_to_its_prefill_path() -> None:
-    """Why the override exists. If this fails, upstream CPU_MLA verifies draft tokens as decodes: drop
-    `verify_draft_tokens_on_the_mla_decode_kernel`."""
+CPU_MLA_BACKENDS = {"CPU_MLA": "vllm.v1.attention.backends.mla.cpu_mla.CPUMLABackend",
+                    "AMX_MLA": "vllm.v1.attention.backends.mla.amx_mla.AMXMLABackend"}
+
+
+@pytest.mark.parametrize("name", CPU_MLA_BACKENDS)
+def test_upstream_cpu_mla_backends_still_send_verification_to_their_prefill_path(name: str) -> None:
+    """Why the overrides exist. If this fails, that upstream backend verifies draft tokens as decodes: drop its
+    line in `verify_draft_tokens_on_the_mla_decode_kernel`."""
     from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
-    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+    from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    assert CPUMLABackend.get_builder_cls().query_len_support == QueryLenSupport.SINGLE_ONLY
+    upstream = resolve_obj_by_qualname(CPU_MLA_BACKENDS[name])
+    assert upstream.get_builder_cls().query_len_support == QueryLenSupport.SINGLE_ONLY
 
 
-def test_plugin_points_cpu_mla_at_the_spec_decode_backend() -> None:
+@pytest.mark.parametrize("name", CPU_MLA_BACKENDS)
+def test_plugin_points_the_cpu_mla_backends_at_their_spec_decode_builders(name: str) -> None:
     from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.utils.import_utils import resolve_obj_by_qualname
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     from kimi_eagle.adapter import plugin
 
     plugin.register()
-    backend = AttentionBackendEnum.CPU_MLA.get_class()
-    assert backend.get_name() == "CPU_MLA"  # the platform's checks and the profile's flag still match it
-    assert backend.get_builder_cls().query_len_support == QueryLenSupport.UNIFORM
+    backend = AttentionBackendEnum[name].get_class()
+    assert backend.get_name() == name  # the platform's checks and the profile's flag still match it
+    builder = backend.get_builder_cls()
+    assert builder.query_len_support == QueryLenSupport.UNIFORM
+    # upstream's own builder still runs after ours (AMX's `build` derives its kernel's tables from the rows)
+    assert issubclass(builder, resolve_obj_by_qualname(CPU_MLA_BACKENDS[name]).get_builder_cls())
 
 
 def _causal_reference(q: torch.Tensor, cache: torch.Tensor, blocks: list[int], extent: int) -> torch.Tensor:
@@ -101,6 +112,34 @@ def test_cpu_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_l
     for row in range(q.shape[0]):
         expected = _causal_reference(q[row], cache, rows[row].tolist(), int(extents[row]))
         torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(), reason="vLLM picks AMX_MLA only where the CPU has AMX")
+@pytest.mark.parametrize("query_len", [1, 2, 4])
+def test_amx_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_len: int) -> None:
+    """AMX's decode kernel, fed our rows through the tables AMX's own builder derives from them (`req_to_token`,
+    int64 extents, one pool index per row): row t attends the context and block tokens 0..t."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.mla.amx_mla import _expand_block_table
+
+    from kimi_eagle.adapter.cpu_mla_spec_decode import decode_rows
+
+    torch.manual_seed(0)
+    heads, block_size = 4, 32  # AMX_MLA's blocks are multiples of 32
+    cache = torch.randn(12, block_size, 576).to(torch.bfloat16)
+    block_table = torch.tensor([[3, 7, 1, 0], [5, 2, 9, 11]], dtype=torch.int32)
+    seq_lens = torch.tensor([37, 100], dtype=torch.int32)
+    q = torch.randn(2 * query_len, heads, 576).to(torch.bfloat16)
+    rows, extents = decode_rows(block_table, seq_lens, q.shape[0])
+    flat = cache.view(-1, 1, 576)
+    out = torch.zeros(q.shape[0], heads, 512, dtype=torch.bfloat16)
+    attn_logits = torch.zeros(q.shape[0], heads, 1, 513, dtype=torch.float32)  # one KV split
+    ops.cpu_mla_decode(q, flat, flat[..., :512], out, None, None, None, attn_logits,
+                       _expand_block_table(rows, block_size), torch.arange(rows.shape[0], dtype=torch.int64),
+                       extents.to(torch.int64), 0.1, 0.0, False, 0, None, None)
+    for row in range(q.shape[0]):
+        expected = _causal_reference(q[row].float(), cache.float(), rows[row].tolist(), int(extents[row]))
+        torch.testing.assert_close(out[row].float(), expected, atol=3e-2, rtol=3e-2)
 
 
 def test_decode_rows_refuses_a_non_uniform_block() -> None:

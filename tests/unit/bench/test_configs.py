@@ -30,11 +30,11 @@ from kimi_eagle.serve.validate import validate_with_vllm
 
 
 def test_the_matrix_is_every_dtype_core_layout_and_draft_once() -> None:
-    assert len(MATRIX) == len({c.name for c in MATRIX}) == 12
+    assert len(MATRIX) == len({c.name for c in MATRIX}) == 16
     assert {(c.dtype, c.cores, c.draft) for c in MATRIX} == {
-        (d, c, s) for d in ("float32", "bfloat16") for c in ("bound", "vllm-default", "vllm-floating")
+        (d, c, s) for d in ("float32", "bfloat16") for c in ("bound", "vllm-default", "vllm-floating", "in-process")
         for s in (False, True)}
-    assert QUICK.configs == [c for c in MATRIX if c.dtype == "bfloat16" and c.cores == "vllm-default"]
+    assert QUICK.configs == [c for c in MATRIX if c.dtype == "bfloat16" and c.cores == "in-process"]
 
 
 def test_float32_bound_pins_the_reference_kernel_and_every_core() -> None:
@@ -70,10 +70,22 @@ def test_every_configuration_is_a_command_vllm_accepts(config: ServingConfig) ->
     validate_with_vllm(build_command(config.profile(load_profile("tiny-cpu")), no_draft=not config.draft))
 
 
+def test_in_process_is_vllms_uniprocess_executor_and_every_other_layout_drops_it() -> None:
+    base = load_profile("tiny-cpu")
+    in_process = ServingConfig(dtype="bfloat16", cores="in-process", draft=True).profile(base)
+    assert in_process.vllm_args["distributed-executor-backend"] == "uni"
+    assert in_process.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and not set(BIND_ENV) & set(in_process.env)
+    for cores in ("bound", "vllm-default", "vllm-floating"):
+        other = ServingConfig(dtype="bfloat16", cores=cores, draft=True).profile(base)
+        assert "distributed-executor-backend" not in other.vllm_args
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in other.env
+
+
 def test_the_default_profile_is_the_configuration_the_benchmark_chose() -> None:
-    """tiny-cpu is what `bench --configs` found fastest with a draft (BENCHMARKS.md): bfloat16 in vLLM's layout."""
+    """tiny-cpu is what `bench --configs` found fastest with a draft (BENCHMARKS.md): bfloat16, the worker inside
+    the engine core process."""
     default = load_profile("tiny-cpu")
-    chosen = ServingConfig(dtype="bfloat16", cores="vllm-default", draft=True).profile(default)
+    chosen = ServingConfig(dtype="bfloat16", cores="in-process", draft=True).profile(default)
     assert (default.vllm_args, default.env) == (chosen.vllm_args, chosen.env)
     assert default.draft is not None
 

@@ -105,6 +105,17 @@ def test_validation_leaves_the_environment_alone() -> None:
     assert dict(os.environ) == before  # vLLM's CPU platform writes worker settings while building the config
 
 
+def test_the_dry_run_reports_the_executor_vllm_will_use_under_the_profiles_env() -> None:
+    """tiny-cpu runs the worker inside the engine core. vLLM's CPU platform silently turns `uni` back into `mp`
+    unless V1 multiprocessing is off, so the config is built under the profile's env and says which won."""
+    command = build_command(load_profile("tiny-cpu"))
+    assert command.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    checked = " ".join(validate_with_vllm(command).checked)
+    assert "executor uni, the worker inside the engine core process" in checked
+    command.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    assert "executor mp, a worker process per rank" in " ".join(validate_with_vllm(command).checked)
+
+
 def test_serve_dry_run_prints_the_validated_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "tiny-cpu", "--dry-run"]) == 0, capsys.readouterr().err
     words = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
