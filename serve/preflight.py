@@ -60,22 +60,37 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
+def model_reference_problem(role: str, ref: str) -> str | None:
+    """Why vLLM could not load `ref` as the `role` ("target", "draft"), or None: a local folder, or a hub name
+    (owner/name) it downloads. Anything else vLLM takes for a hub name too, and fails on after start-up with
+    "Repo id must be in the form 'repo_name' or 'namespace/repo_name'", a message that names neither the profile
+    nor the path."""
+    path = Path(ref).expanduser()
+    if path.is_dir() or (not path.exists() and HUB_NAME.fullmatch(ref)):
+        return None
+    what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+    return (f"the {role} {ref} {what}, and is not a hub name (owner/name) that vLLM could download: point the "
+            f"profile's `{role}` (or `kimi-eagle serve --{role} DIR`) at the folder that holds its config.json")
+
+
 def preflight(command: ServeCommand) -> bool:
     """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
     from kimi_eagle.adapter.checks import Severity, refusal_message, run_static_checks
 
+    problems = [problem for role, ref in (("target", command.target), ("draft", command.draft))
+                if ref is not None and (problem := model_reference_problem(role, ref))]
+    if problems:
+        print("pre-flight: no engine was started:\n" + "\n".join(f"- {p}" for p in problems), file=sys.stderr)
+        return False
     if not (weights_are_whole(command) and kv_cache_fits(command)):
         return False
     if command.draft is None:
         return True
     draft = Path(command.draft)
-    if not draft.exists():
-        if HUB_NAME.fullmatch(command.draft):
-            print(f"pre-flight: {command.draft} is not a local folder: vLLM downloads it; the draft checks are "
-                  "skipped (run `kimi-eagle doctor` on the downloaded folder)", file=sys.stderr)
-            return True
-        print(f"pre-flight: the draft {draft} does not exist", file=sys.stderr)
-        return False
+    if not draft.exists():  # a hub name (model_reference_problem let it through)
+        print(f"pre-flight: {command.draft} is not a local folder: vLLM downloads it; the draft checks are "
+              "skipped (run `kimi-eagle doctor` on the downloaded folder)", file=sys.stderr)
+        return True
     target = Path(command.target)
     if not target.is_dir():
         # a hub name: vLLM downloads it; the checks against it need the files here

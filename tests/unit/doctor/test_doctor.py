@@ -88,6 +88,29 @@ def test_preflight_ignores_sglang_only_refusals(built: Path) -> None:
     assert preflight(_command(bd.build("norm_before_residual", built))) is True
 
 
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_preflight_refuses_a_model_path_that_is_not_there_by_name(role: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM would take it for a hub name and fail after start-up with a message that names neither."""
+    missing = tmp_path / "no-such-checkpoint"
+    command = _command(missing) if role == "draft" else _command(bd.SOURCE_DRAFT, target=missing)
+    assert preflight(command) is False
+    err = capsys.readouterr().err
+    assert f"the {role} {missing} does not exist" in err and f"--{role} DIR" in err
+
+
+def test_preflight_refuses_a_file_given_for_a_checkpoint_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    command = _command(bd.SOURCE_DRAFT, target=bd.SOURCE_TARGET / "config.json")
+    command.draft = None
+    assert preflight(command) is False
+    assert "is a file, not a checkpoint folder" in capsys.readouterr().err
+
+
+def test_preflight_lets_hub_names_through_to_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    assert preflight(_command(Path("lightseekorg/kimi-k2.5-eagle3"))) is True
+    assert "vLLM downloads it" in capsys.readouterr().err
+
+
 def test_preflight_without_draft_is_a_no_op() -> None:
     command = _command(bd.SOURCE_DRAFT)
     command.draft = None
