@@ -65,7 +65,8 @@ def model_reference_problem(role: str, ref: str) -> str | None:
     (owner/name) it downloads. Anything else vLLM takes for a hub name too, and fails on after start-up with
     "Repo id must be in the form 'repo_name' or 'namespace/repo_name'", a message that names neither the profile
     nor the path."""
-    path = Path(ref).expanduser()
+    # No `~` expansion: vLLM does none either, and the checks below read the path as given.
+    path = Path(ref)
     if path.is_dir() or (not path.exists() and HUB_NAME.fullmatch(ref)):
         return None
     what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"

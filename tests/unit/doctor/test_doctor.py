@@ -99,6 +99,12 @@ def test_preflight_refuses_a_model_path_that_is_not_there_by_name(role: str, tmp
     assert f"the {role} {missing} does not exist" in err and f"--{role} DIR" in err
 
 
+def test_preflight_refuses_a_home_relative_path_vllm_would_not_expand(capsys: pytest.CaptureFixture[str]) -> None:
+    command = _command(Path("~/no-such-draft"))
+    assert preflight(command) is False
+    assert "the draft ~/no-such-draft does not exist" in capsys.readouterr().err
+
+
 def test_preflight_refuses_a_file_given_for_a_checkpoint_folder(capsys: pytest.CaptureFixture[str]) -> None:
     command = _command(bd.SOURCE_DRAFT, target=bd.SOURCE_TARGET / "config.json")
     command.draft = None
