@@ -158,11 +158,12 @@ def _run_tune(args: argparse.Namespace, profile: Profile, prompts: list[str], st
     if isinstance(outcome, int):
         return outcome
     result, json_path = outcome
-    if args.write_profile and result.schedule is not None:
+    schedule = tune.recommended_schedule(result)
+    if args.write_profile and schedule:
         from kimi_eagle.serve.profile import profile_path, write_schedule
 
         path = profile_path(args.profile)
-        write_schedule(path, result.schedule, source=_within_checkout(json_path))
+        write_schedule(path, schedule, source=_within_checkout(json_path))
         console.print(f"wrote the schedule into {path}")
     print("Profile setting (serve/profiles/<profile>.yaml):")
     print(tune.profile_setting(result))

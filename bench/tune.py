@@ -9,6 +9,8 @@ Speculation pays at low load and costs at high load; vLLM 0.32 can follow the lo
    to max-num-seqs.
 2. Proof: the tuned schedule served side by side with the target alone and every fixed k that won somewhere, rotated
    by round again; at each concurrency the tuned server against the fastest of the others, within the noise band.
+   Where it falls behind, the proof's fastest there replaces the sweep's choice: the schedule after the proof, which
+   the profile gets (the proof has more rounds than the sweep, and one slow round of the sweep can pick a k).
 3. Threshold: on the tuned server, a load that alternates between the two concurrencies on either side of a schedule
    boundary (vLLM issue 49548: throughput collapsing where the batch crosses one), against what the steady loads
    of phase 2 predict for the same requests.
@@ -101,6 +103,9 @@ class TuneResult(BaseModel):
                                                   "target alone anywhere (serve without the draft).")
     proof: list[TunePoint]
     proof_points: list[ProofPoint]
+    schedule_after_proof: Schedule | None = Field(
+        default=None, description="The schedule with the proof's fastest configuration wherever the tuned one fell "
+                                  "behind it beyond the noise band; None when the proof held at every concurrency.")
     crossing: Crossing | None
     verdict: str
 
@@ -157,6 +162,21 @@ def boundary(schedule: Schedule, concurrency: list[int]) -> tuple[int, int] | No
     return next((pair for pair in pairs if 0 in (k_at(pair[0]), k_at(pair[1]))), next(iter(pairs), None))
 
 
+def after_proof(best_k: dict[int, int], proof: list[ProofPoint], max_num_seqs: int) -> Schedule | None:
+    """The schedule from the sweep's best k, except at each concurrency where the proof did not hold: there the k of
+    the configuration the proof found fastest (0: the target alone). None when the proof held everywhere."""
+    overruled = {p.concurrency: config_k(p.best_other) for p in proof if not p.holds}
+    if not overruled:
+        return None
+    return schedule_from({**best_k, **overruled}, max_num_seqs) or []
+
+
+def recommended_schedule(result: TuneResult) -> Schedule | None:
+    """What the profile should carry: the schedule after the proof where it overruled the sweep, else the sweep's;
+    None (or empty) when speculation paid nowhere."""
+    return result.schedule if result.schedule_after_proof is None else result.schedule_after_proof
+
+
 def judge_proof(points: list[TunePoint]) -> list[ProofPoint]:
     out = []
     for c in sorted({p.concurrency for p in points}):
@@ -194,11 +214,12 @@ class TuneBench:
             proof, crossing = self._rounds([*others, "tuned"], self.plan.proof_rounds, schedule=schedule,
                                            crossing=boundary(schedule, self.concurrency))
         proof_points = judge_proof(proof) if proof else []
+        corrected = after_proof(best_k, proof_points, self.max_num_seqs)
         return TuneResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
                           machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
                           max_num_seqs=self.max_num_seqs, sweep=sweep, best_k=best_k, schedule=schedule, proof=proof,
-                          proof_points=proof_points, crossing=crossing,
-                          verdict=verdict(schedule, proof_points, crossing))
+                          proof_points=proof_points, schedule_after_proof=corrected, crossing=crossing,
+                          verdict=verdict(schedule, proof_points, crossing, corrected))
 
     def _rounds(self, configs: list[str], rounds: int, *, schedule: Schedule | None,
                 crossing: tuple[int, int] | None = None) -> tuple[list[TunePoint], Crossing | None]:
@@ -264,7 +285,8 @@ class TuneBench:
         return crossing
 
 
-def verdict(schedule: Schedule | None, proof: list[ProofPoint], crossing: Crossing | None) -> str:
+def verdict(schedule: Schedule | None, proof: list[ProofPoint], crossing: Crossing | None,
+            corrected: Schedule | None = None) -> str:
     if schedule is None:
         return "no k beat the target alone at any concurrency: serve this pair without its draft"
     misses = [f"{p.concurrency} in flight: {p.ratio:.2f}x {p.best_other} (noise band {p.noise_band_percent:.1f}%)"
@@ -277,14 +299,20 @@ def verdict(schedule: Schedule | None, proof: list[ProofPoint], crossing: Crossi
         cross = (f"alternating {crossing.concurrencies[0]} <-> {crossing.concurrencies[1]} in flight gave "
                  f"{crossing.ratio:.2f}x the steady prediction ("
                  + ("a collapse" if crossing.collapsed else "no collapse") + ")")
-    return f"schedule {[list(r) for r in schedule]}: {held}; {cross}"
+    text = f"schedule {[list(r) for r in schedule]}: {held}; {cross}"
+    if corrected is not None:
+        text += ("; after the proof: " + (f"{[list(r) for r in corrected]}, the proof's fastest where the tuned "
+                                          "schedule fell behind (run --tune again to prove it whole)"
+                                          if corrected else "no k beat the target alone: serve without the draft"))
+    return text
 
 
 def profile_setting(result: TuneResult) -> str:
-    if result.schedule is None:
+    schedule = recommended_schedule(result)
+    if not schedule:
         return "# no schedule: no k beat the target alone"
-    return "\n".join(["speculative:", f"  num_speculative_tokens: {max(k for _, _, k in result.schedule)}",
-                      f"  num_speculative_tokens_per_batch_size: {[list(r) for r in result.schedule]}"])
+    return "\n".join(["speculative:", f"  num_speculative_tokens: {max(k for _, _, k in schedule)}",
+                      f"  num_speculative_tokens_per_batch_size: {[list(r) for r in schedule]}"])
 
 
 def markdown(result: TuneResult) -> str:
@@ -316,6 +344,9 @@ def markdown(result: TuneResult) -> str:
                   f"{p.ratio:.2f}x | {p.noise_band_percent:.1f}% | {'yes' if p.holds else 'no'} |"
                   for p in result.proof_points]
         lines.append("")
+        if result.schedule_after_proof is not None:
+            lines += ["Schedule after the proof (the proof's fastest where the tuned schedule fell behind): "
+                      f"`{[list(r) for r in result.schedule_after_proof] or None}`.", ""]
     if result.crossing:
         x = result.crossing
         lines += [f"Threshold crossing: {x.segments} segments alternating {x.concurrencies[0]} and "

@@ -5,10 +5,14 @@ from __future__ import annotations
 from kimi_eagle.bench.stats import spread
 from kimi_eagle.bench.tune import (
     TunePoint,
+    TuneResult,
+    after_proof,
     best_k_by_concurrency,
     boundary,
     judge_proof,
+    profile_setting,
     schedule_from,
+    verdict,
 )
 
 
@@ -52,3 +56,30 @@ def test_the_proof_holds_within_the_noise_band_and_fails_outside_it() -> None:
     at_1, at_16 = judge_proof(points)
     assert at_1.best_other == "k=4" and at_1.holds  # 400 vs 410: inside the +/-2.4% band
     assert at_16.best_other == "alone" and not at_16.holds and round(at_16.ratio, 3) == 0.805
+
+
+def test_where_the_proof_finds_the_tuned_schedule_behind_its_fastest_configuration_takes_over() -> None:
+    # The 2026-12-01 21:48 run: one slow round of the target alone at 16 in flight in the sweep (1,754 against 2,169
+    # tok/s) made k=4 look best there; the proof's four rounds gave the target alone 2,179-2,457, k=4 2,041-2,093.
+    best_k = {1: 4, 2: 4, 4: 4, 8: 4, 16: 4}
+    proof = judge_proof([point("alone", 1, 254, 265, 265, 272), point("k=4", 1, 345, 352, 352, 366),
+                         point("tuned", 1, 308, 354, 354, 369),
+                         point("alone", 16, 2179, 2235, 2322, 2457), point("k=4", 16, 2041, 2043, 2044, 2093),
+                         point("tuned", 16, 1918, 1954, 1963, 2111)])
+    assert [p.holds for p in proof] == [True, False]
+    corrected = after_proof(best_k, proof, max_num_seqs=16)
+    assert corrected == [(1, 8, 4), (9, 16, 0)]
+    result = TuneResult.model_construct(schedule=[(1, 16, 4)], schedule_after_proof=corrected)
+    assert "num_speculative_tokens_per_batch_size: [[1, 8, 4], [9, 16, 0]]" in profile_setting(result)
+    assert "after the proof: [[1, 8, 4], [9, 16, 0]]" in verdict([(1, 16, 4)], proof, None, corrected)
+
+
+def test_a_proof_that_holds_leaves_the_sweeps_schedule_and_one_that_fails_everywhere_turns_the_draft_off() -> None:
+    held = judge_proof([point("alone", 1, 300, 300), point("k=4", 1, 400, 420), point("tuned", 1, 405, 395)])
+    assert after_proof({1: 4}, held, max_num_seqs=16) is None
+    assert "num_speculative_tokens_per_batch_size: [[1, 16, 4]]" in profile_setting(
+        TuneResult.model_construct(schedule=[(1, 16, 4)], schedule_after_proof=None))
+    lost = judge_proof([point("alone", 1, 400, 400), point("k=4", 1, 300, 300), point("tuned", 1, 300, 300)])
+    assert after_proof({1: 4}, lost, max_num_seqs=16) == []
+    assert profile_setting(TuneResult.model_construct(schedule=[(1, 16, 4)], schedule_after_proof=[])).startswith(
+        "# no schedule")
