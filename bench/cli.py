@@ -159,7 +159,7 @@ def _run_tune(args: argparse.Namespace, profile: Profile, prompts: list[str], st
         return outcome
     result, json_path = outcome
     schedule = tune.recommended_schedule(result)
-    if args.write_profile and schedule:
+    if args.write_profile and schedule is not None:
         from kimi_eagle.serve.profile import profile_path, write_schedule
 
         path = profile_path(args.profile)

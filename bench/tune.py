@@ -173,8 +173,9 @@ def after_proof(best_k: dict[int, int], proof: list[ProofPoint], max_num_seqs: i
 
 def recommended_schedule(result: TuneResult) -> Schedule | None:
     """What the profile should carry: the schedule after the proof where it overruled the sweep, else the sweep's;
-    None (or empty) when speculation paid nowhere."""
-    return result.schedule if result.schedule_after_proof is None else result.schedule_after_proof
+    None when speculation paid nowhere (serve without the draft)."""
+    schedule = result.schedule if result.schedule_after_proof is None else result.schedule_after_proof
+    return schedule or None
 
 
 def judge_proof(points: list[TunePoint]) -> list[ProofPoint]:
@@ -309,7 +310,7 @@ def verdict(schedule: Schedule | None, proof: list[ProofPoint], crossing: Crossi
 
 def profile_setting(result: TuneResult) -> str:
     schedule = recommended_schedule(result)
-    if not schedule:
+    if schedule is None:
         return "# no schedule: no k beat the target alone"
     return "\n".join(["speculative:", f"  num_speculative_tokens: {max(k for _, _, k in schedule)}",
                       f"  num_speculative_tokens_per_batch_size: {[list(r) for r in schedule]}"])
