@@ -36,7 +36,7 @@ def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The exactness profile with the draft fail-safe off, for the tests of speculative sampling at T=1. At T=1 this
-    tiny target accepts about 3.6% of drafted tokens, below the fail-safe's 5%: on the shared server the fail-safe
+    tiny target accepts about 4% of drafted tokens, below the fail-safe's 5%: on the shared server the fail-safe
     would rightly bypass the draft within the first of them, the next would sample the target alone and pass without
     testing speculation, and every later test on that server would inherit a bypassed draft. Module-scoped: it
     stops when the T=1 tests are done."""
