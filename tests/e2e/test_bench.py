@@ -139,7 +139,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
     recommended = recommended_schedule(result)
     if recommended is None:
         assert "serve without the draft" in result.verdict
-        assert written == load_profile(str(PROFILES_DIR / f"{EXACT_PROFILE}.yaml")).speculative
+        assert written == load_profile(EXACT_PROFILE).speculative
     else:
         assert written.num_speculative_tokens_per_batch_size == [tuple(r) for r in recommended]
         assert written.num_speculative_tokens == max(k for _, _, k in recommended)
