@@ -15,8 +15,10 @@ class BenchPlan(BaseModel):
     max_tokens: int = Field(ge=2, description="Output tokens of every request (ignore_eos).")
     requests_per_sample: int = Field(ge=1, description="Requests per sample at concurrency 1; at concurrency c a "
                                                        "sample sends max(this, c), rounded up to a multiple of c.")
-    ceiling_candidates: int = Field(ge=1, description="Repeating prompts probed for the always-accepted ceiling.")
-    ceiling_requests_per_sample: int = Field(ge=1, description="Requests per ceiling sample (concurrency 1).")
+    ceiling_candidates: int = Field(ge=1, description="Repeating prompts probed for the always-accepted ceiling "
+                                                      "(beside the pair's predictable prompts).")
+    ceiling_requests_per_sample: int = Field(ge=1, description="Requests per ceiling sample at concurrency 1; at "
+                                                               "concurrency c, as `requests_at` counts them.")
     checks_concurrency: list[int] = Field(description="Concurrency of the runtime-checks on/off comparison; empty: "
                                                       "skip it (it needs one more server start).")
     locust_run_time: str = Field(description="Length of the Locust run at the highest concurrency.")
@@ -32,8 +34,15 @@ class BenchPlan(BaseModel):
         return self
 
     def requests_at(self, concurrency: int) -> int:
-        n = max(self.requests_per_sample, concurrency)
-        return -(-n // concurrency) * concurrency
+        return _whole_rounds(max(self.requests_per_sample, concurrency), concurrency)
+
+    def ceiling_requests_at(self, concurrency: int) -> int:
+        return _whole_rounds(max(self.ceiling_requests_per_sample, concurrency), concurrency)
+
+
+def _whole_rounds(n: int, concurrency: int) -> int:
+    """n rounded up to a multiple of the concurrency, so that every stream sends as many requests."""
+    return -(-n // concurrency) * concurrency
 
 
 FULL = BenchPlan(mode="full", ks=[1, 2, 3, 4, 5], concurrency=[1, 4, 16], repeats=5, max_tokens=64,

@@ -97,10 +97,11 @@ def _single_stream(result: BenchResult) -> list[str]:
     if ceiling:
         probe = next((p for p in result.ceiling_probes if p.prompt == result.ceiling_prompt), None)
         rate = f"{probe.acceptance_rate:.2f}" if probe and probe.acceptance_rate is not None else "n/a"
-        out += ["Ceiling (a draft that is (almost) always right): the same servers and requests on a prompt that "
-                "repeats a phrase, so the target's greedy continuation repeats and the draft predicts it "
-                f"(probe acceptance rate {rate}). Prompt: "
-                f"`{(result.ceiling_prompt or '')[:80]}...`", ""]
+        count = len(result.ceiling_prompts) or 1
+        out += ["Ceiling (a draft that is (almost) always right), at every concurrency: the same servers and "
+                f"requests on the {count} probed prompt(s) whose greedy continuation the draft predicted best (best "
+                f"probe acceptance rate {rate}: `{(result.ceiling_prompt or '')[:60]}...`). What speculation at "
+                "most buys here at each load, whatever the draft.", ""]
         out += _table(POINT_HEADER, _point_rows(ceiling))
     return out
 

@@ -36,8 +36,8 @@ class AcceptanceFigures(BaseModel):
 class ThroughputPoint(BaseModel):
     """Plain target (A) against target + draft (B) at one k and concurrency, interleaved A B A B."""
 
-    workload: str = Field(description="`held-out`: the held-out prompts; `ceiling`: a repeating prompt the draft "
-                                      "predicts (almost) always, measured the same way.")
+    workload: str = Field(description="`held-out`: the held-out prompts; `ceiling`: prompts the draft predicts "
+                                      "(almost) always, measured the same way.")
     num_speculative_tokens: int
     concurrency: int
     requests_per_sample: int
@@ -103,7 +103,9 @@ class BenchResult(BaseModel):
     draft: str
     prompts_file: str
     plan: BenchPlan
-    ceiling_prompt: str | None
+    ceiling_prompt: str | None = Field(description="The best probed ceiling prompt.")
+    ceiling_prompts: list[str] = Field(default_factory=list, description="Every prompt the ceiling workload sends "
+                                       "(within 0.05 of the best probed acceptance rate); empty in older results.")
     ceiling_probes: list[CeilingProbe]
     throughput: list[ThroughputPoint]
     cold_starts: list[ColdStart]

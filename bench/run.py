@@ -3,7 +3,8 @@
 Order (at most two servers up at once, each start measured as a cold start):
   1. the plain target (A) starts and stays up;
   2. for each k (the profile's k last): a spec server (B) starts; for `repeats` rounds, at every concurrency, one
-     A sample then one B sample (A B A B); then the same on the repeating "ceiling" prompt at concurrency 1;
+     A sample then one B sample (A B A B), on the held-out prompts and on the "ceiling" prompts, those the draft
+     predicts (almost) always;
   3. after the last k, A stops; the same spec configuration starts again with the runtime checks off, and on/off
      are interleaved the same way; then Locust runs against the spec server at the highest concurrency.
 The speed-up model is calibrated on the largest k and checked against the other k of the sweep.
@@ -39,6 +40,7 @@ from kimi_eagle.bench.result import (
 from kimi_eagle.bench.servers import ColdStart, LiveServer, measured_server
 from kimi_eagle.bench.speedup_model import Recommendation, recommend
 from kimi_eagle.bench.stats import paired_ratios, spread
+from kimi_eagle.fixtures.pair_spec import PREDICTABLE_PROMPTS_FILE
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.serve_bench import ServeBenchResult
 from kimi_eagle.processes import free_port
@@ -64,14 +66,24 @@ def load_prompts(path: Path) -> list[str]:
 
 
 def ceiling_candidates(prompts: list[str], count: int) -> list[str]:
-    """Prompts that repeat a short phrase many times: the target's greedy continuation keeps repeating it, which a
-    draft predicts almost always. No draft proposes a target's greedy tokens in general; this is how an
-    "always right" draft can be measured with the real pair, same servers, same requests."""
-    out = []
+    """Prompts whose greedy continuation a draft may predict almost always, to be measured: those the shipped draft
+    predicts best (`fixtures/data/predictable_prompts.json`, for the tiny pair), then prompts that repeat a short
+    phrase of the held-out ones, which a target that loops keeps repeating. No draft proposes a target's greedy
+    tokens in general; this is how an "always right" draft can be measured with the real pair, same servers, same
+    requests."""
+    out = json.loads(PREDICTABLE_PROMPTS_FILE.read_text()) if PREDICTABLE_PROMPTS_FILE.exists() else []
     for prompt in prompts[:count]:
         phrase = " ".join(prompt.split()[:6])
         out.append(" ".join([phrase] * 10))
     return out
+
+
+def ceiling_prompts(probes: list[CeilingProbe], tolerance: float = 0.05) -> list[str]:
+    """The probed prompts within `tolerance` of the best acceptance rate, best first: several, so that the ceiling
+    at a concurrency above 1 is not one request repeated (whose shared prefix and identical steps flatter it)."""
+    rates = {p.prompt: p.acceptance_rate or 0.0 for p in probes}
+    best = max(rates.values())
+    return sorted((prompt for prompt, rate in rates.items() if rate >= best - tolerance), key=rates.get, reverse=True)
 
 
 def machine_now(load_before: tuple[float, float, float]) -> Machine:
@@ -141,7 +153,7 @@ class Bench:
         self.points: list[ThroughputPoint] = []
         self.checks: list[ChecksOverhead] = []
         self.harness: HarnessOverhead | None = None
-        self.ceiling_prompt: str | None = None
+        self.ceiling_prompts: list[str] = []
         self.probes: list[CeilingProbe] = []
         self.notes: list[str] = []
         self.vllm_bench_form: list[ServeBenchResult] = []  # each point and side as `vllm bench serve` writes a run
@@ -186,7 +198,7 @@ class Bench:
             plain = plain_stack.enter_context(self._server("plain", None))
             for k in order:
                 with self._server(f"spec-k{k}", k, others=1) as spec:
-                    if self.ceiling_prompt is None:
+                    if not self.ceiling_prompts:
                         self._probe_ceiling(self._client(spec))
                     self._sweep(self._client(plain), self._client(spec), k)
                     if k == last_k:
@@ -198,9 +210,11 @@ class Bench:
             mode=self.plan.mode, command=self.command_line, started_utc=started_utc,
             duration_s=time.perf_counter() - t0, machine=machine_now(load_before), profile=self.profile.name,
             target=self.target or self.profile.target, draft=self.draft or str(self.profile.draft),
-            prompts_file=_within_checkout(self.prompts_file), plan=self.plan, ceiling_prompt=self.ceiling_prompt,
-            ceiling_probes=self.probes, throughput=self.points, cold_starts=self.cold_starts, checks=self.checks,
-            harness=self.harness, recommendations=self._recommendations(), notes=self.notes)
+            prompts_file=_within_checkout(self.prompts_file), plan=self.plan,
+            ceiling_prompt=self.ceiling_prompts[0] if self.ceiling_prompts else None,
+            ceiling_prompts=self.ceiling_prompts, ceiling_probes=self.probes, throughput=self.points,
+            cold_starts=self.cold_starts, checks=self.checks, harness=self.harness,
+            recommendations=self._recommendations(), notes=self.notes)
         return result
 
     def _probe_ceiling(self, spec: BenchClient) -> None:
@@ -208,18 +222,19 @@ class Bench:
             acceptance = spec.measure([candidate], 1, 1, with_acceptance=True).acceptance
             self.probes.append(CeilingProbe(prompt=candidate, acceptance_rate=acceptance and acceptance.acceptance_rate,
                                             mean_acceptance_length=acceptance and acceptance.mean_acceptance_length))
+        self.ceiling_prompts = ceiling_prompts(self.probes)
         best = max(self.probes, key=lambda p: p.acceptance_rate or 0.0)
-        self.ceiling_prompt = best.prompt
         rate = "n/a" if best.acceptance_rate is None else f"{best.acceptance_rate:.2f}"
-        self.say(f"  ceiling prompt (acceptance rate {rate}): {best.prompt[:60]!r}...")
+        self.say(f"  ceiling: {len(self.ceiling_prompts)} of {len(self.probes)} probed prompts (best acceptance "
+                 f"rate {rate}, {best.prompt[:40]!r}...)")
 
     def _sweep(self, plain: BenchClient, spec: BenchClient, k: int) -> None:
         cells: dict[tuple[str, int], PairedSamples] = {}
         workloads = [("held-out", c, self.prompts) for c in self.plan.concurrency]
-        workloads.append(("ceiling", 1, [self.ceiling_prompt or self.prompts[0]]))
+        workloads += [("ceiling", c, self.ceiling_prompts or self.prompts) for c in self.plan.concurrency]
         for round_no in range(1, self.plan.repeats + 1):
             for name, c, prompts in workloads:
-                n = self.plan.ceiling_requests_per_sample if name == "ceiling" else self.plan.requests_at(c)
+                n = self.plan.ceiling_requests_at(c) if name == "ceiling" else self.plan.requests_at(c)
                 cell = cells.setdefault((name, c), PairedSamples())
                 cell.a.append(plain.measure(prompts, c, n))
                 cell.b.append(spec.measure(prompts, c, n, with_acceptance=True))

@@ -17,7 +17,6 @@ from safetensors.torch import load_file, save_file
 
 from kimi_eagle.fixtures.pair_spec import (
     DRAFT_DIR,
-    DRAFT_LAYER_CONFIG,
     DRAFT_VOCAB_SIZE,
     HIDDEN,
     MLA_DRAFT_DIR,
@@ -253,7 +252,7 @@ def fresh_init(config: dict, t: Tensors) -> None:
     from kimi_eagle.draft_model import Eagle3Draft
 
     torch.manual_seed(1234)
-    fresh = Eagle3Draft(DRAFT_LAYER_CONFIG, len(config["eagle_aux_hidden_state_layer_ids"]), HIDDEN,
+    fresh = Eagle3Draft(config["transformer_layer_config"], len(config["eagle_aux_hidden_state_layer_ids"]), HIDDEN,
                         DRAFT_VOCAB_SIZE).state_dict()
     for name, value in fresh.items():
         if name not in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d", "norm.weight"):

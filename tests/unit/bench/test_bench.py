@@ -15,12 +15,20 @@ from kimi_eagle.acceptance import Acceptance
 from kimi_eagle.bench.client import Sample
 from kimi_eagle.bench.plan import FULL, QUICK, BenchPlan
 from kimi_eagle.bench.report import markdown, profile_setting
-from kimi_eagle.bench.result import BenchResult, Machine, ThroughputPoint
-from kimi_eagle.bench.run import BenchError, ceiling_candidates, checks_overhead, load_prompts, summed_acceptance
+from kimi_eagle.bench.result import BenchResult, CeilingProbe, Machine, ThroughputPoint
+from kimi_eagle.bench.run import (
+    BenchError,
+    ceiling_candidates,
+    ceiling_prompts,
+    checks_overhead,
+    load_prompts,
+    summed_acceptance,
+)
 from kimi_eagle.bench.servers import ColdStart, RssSampler
 from kimi_eagle.bench.speedup_model import CostModel, fit_cost_model, recommend, step_cost, tokens_per_step
 from kimi_eagle.bench.stats import paired_ratios, spread
 from kimi_eagle.cli import main
+from kimi_eagle.fixtures.pair_spec import PREDICTABLE_PROMPTS_FILE
 
 PER_POSITION = [0.9, 0.8, 0.7, 0.5, 0.3]
 
@@ -123,9 +131,19 @@ def test_prompts_file_errors_name_the_fix(tmp_path):
     assert load_prompts(good) == ["one two", "three"]
 
 
-def test_ceiling_prompts_repeat_a_phrase_of_each_prompt():
+def test_ceiling_candidates_are_the_predictable_prompts_then_a_repeated_phrase_of_each_prompt():
+    predictable = json.loads(PREDICTABLE_PROMPTS_FILE.read_text())
+    assert len(predictable) == 8 and all(p.strip() for p in predictable)
     out = ceiling_candidates(["a b c d e f g h", "x y"], 2)
-    assert out == [" ".join(["a b c d e f"] * 10), " ".join(["x y"] * 10)]
+    assert out == [*predictable, " ".join(["a b c d e f"] * 10), " ".join(["x y"] * 10)]
+
+
+def test_the_ceiling_sends_every_prompt_near_the_best_acceptance_best_first():
+    probes = [CeilingProbe(prompt=p, acceptance_rate=r, mean_acceptance_length=None)
+              for p, r in (("a", 0.90), ("b", 0.99), ("c", 0.95), ("d", 0.93), ("e", None))]
+    assert ceiling_prompts(probes) == ["b", "c"]
+    assert ceiling_prompts(probes, tolerance=0.1) == ["b", "c", "d", "a"]
+    assert ceiling_prompts(probes[4:]) == ["e"]  # no rate at all: still a workload to send
 
 
 def _sample(steps: int, accepted: int, per_position: list[float]) -> Sample:
