@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -70,9 +71,14 @@ def test_engine_starts_with_draft_and_aux_layers(spec_server: Server) -> None:
 
 
 def test_kv_cache_capacity_is_the_profiles_on_any_machine(spec_server: Server) -> None:
-    """512 MiB stated in bytes: 36,096 tokens of target + draft, whatever the machine's memory."""
+    """512 MiB stated in bytes, whatever the machine's memory: at least the 16 x 2,048 tokens the profile admits, at
+    most 512 MiB / 14,848 bytes a token of target + draft (vLLM's block rounding gave 36,096 tokens on an Intel
+    machine with AMX, 36,144 on an AMD EPYC without)."""
     log = spec_server.log.read_text()
-    assert "Explicitly set (0.5/" in log and "CPU KV cache size: 36,096 tokens" in log
+    assert "Explicitly set (0.5/" in log
+    found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
+    assert found, "vLLM logged no KV cache size"
+    assert 16 * 2048 <= int(found.group(1).replace(",", "")) <= (512 << 20) // 14_848
 
 
 def test_models_endpoint(spec_server: Server) -> None:
