@@ -72,8 +72,8 @@ def test_engine_starts_with_draft_and_aux_layers(spec_server: Server) -> None:
 
 def test_kv_cache_capacity_is_the_profiles_on_any_machine(spec_server: Server) -> None:
     """512 MiB stated in bytes, whatever the machine's memory: at least the 16 x 2,048 tokens the profile admits, at
-    most 512 MiB / 14,848 bytes a token of target + draft (vLLM's block rounding gave 36,096 tokens on an Intel
-    machine with AMX, 36,144 on an AMD EPYC without)."""
+    most 512 MiB / 14,848 bytes a token of target + draft (vLLM logged 36,096 tokens on an Intel machine with AMX,
+    36,144 on an AMD EPYC without)."""
     log = spec_server.log.read_text()
     assert "Explicitly set (0.5/" in log
     found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
