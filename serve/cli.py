@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from kimi_eagle.cli import fail
-from kimi_eagle.serve.command import CommandError, build_command
+from kimi_eagle.serve.command import CommandError, ServeCommand, build_command
 from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
 from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
 from kimi_eagle.serve.validate import validate_with_vllm
@@ -55,23 +55,35 @@ def run_serve(args: argparse.Namespace) -> int:
         return fail("serve", str(exc))
     from kimi_eagle.serve.preflight import preflight
 
-    # The files first: seconds, where vLLM's config classes take tens of seconds to import and build.
+    # The files first: seconds, and nothing is started when they are wrong.
     if not preflight(command):
         return fail("serve", "pre-flight found problems that would make the served pair fail or run crippled (above); "
                      "fix them, or run `kimi-eagle doctor` for the full report")
-    try:
-        report = validate_with_vllm(command)
-    except CommandError as exc:
-        return fail("serve", str(exc))
     if args.dry_run:
+        try:
+            report = validate_with_vllm(command)
+        except CommandError as exc:
+            return fail("serve", str(exc))
         print(report.render(), file=sys.stderr)  # stdout keeps only the command, for scripts
         print(command.printable())
         return 0
     note = f"  draft: {command.draft}" if command.draft else "  (no speculation)"
     try:
-        return serve_in_foreground(command, "vLLM", args.ready_timeout, ready_note=note)
+        # vLLM's own checks of the flags and the engine config take seconds, most of them importing vLLM, which the
+        # server does too before it loads anything: both at once, and a refusal stops the server.
+        return serve_in_foreground(command, "vLLM", args.ready_timeout, ready_note=note,
+                                   check_while_starting=lambda: vllm_refusal(command))
     except ServerStartError as exc:
         return fail("serve", str(exc))
+
+
+def vllm_refusal(command: ServeCommand) -> str | None:
+    """Why vLLM's parser or config classes refuse the command (`validate_with_vllm`), or None."""
+    try:
+        validate_with_vllm(command)
+    except CommandError as exc:
+        return str(exc)
+    return None
 
 
 def add_fixtures_parser(sub: argparse._SubParsersAction) -> None:

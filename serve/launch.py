@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
@@ -26,9 +26,10 @@ class ServerStartError(RuntimeError):
 
 
 def start(command: ServeCommand, log_path: Path | None = None, append: bool = False,
-          echo: bool = False) -> subprocess.Popen:
+          echo: bool = False, held: bool = False) -> subprocess.Popen:
     """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart),
-    and with `echo` to our stderr as well, as it comes."""
+    and with `echo` to our stderr as well, as it comes; with `held` too, from `show_output(process)` on (what came
+    before is shown then)."""
     env = {**os.environ, **command.env}
     out = open(log_path, "a" if append else "w") if log_path else None  # noqa: SIM115 - owned by the child process
     # A new session, so that one signal reaches the API server and every engine process it started.
@@ -37,31 +38,56 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
                                text=echo, errors="replace" if echo else None)
     if echo:
         # Kept on the process, so that a failed start is explained only once its last lines are in the log.
-        process.tee = threading.Thread(target=_tee, args=(process.stdout, out), daemon=True)
+        process.tee = _Tee(process.stdout, out, held=held)
         process.tee.start()
     return process
 
 
-def _tee(lines: Iterator[str], log: TextIO | None) -> None:
-    for line in lines:
-        sys.stderr.write(line)
-        if log is not None:
-            log.write(line)
-            log.flush()
-    if log is not None:
-        log.close()
+def show_output(process: subprocess.Popen) -> None:
+    """Echo a `held` server's output from now on, what it printed so far first."""
+    process.tee.show()
+
+
+class _Tee(threading.Thread):
+    """The server's output to its log as it comes, and to our stderr unless held: a server stopped by a refusal of
+    the checks that ran while it started printed nothing the user should read."""
+
+    def __init__(self, lines: Iterator[str], log: TextIO | None, held: bool) -> None:
+        super().__init__(daemon=True)
+        self.lines, self.log = lines, log
+        self._lock = threading.Lock()
+        self._held: list[str] | None = [] if held else None
+
+    def show(self) -> None:
+        with self._lock:
+            if self._held is not None:
+                sys.stderr.writelines(self._held)
+                self._held = None
+
+    def run(self) -> None:
+        for line in self.lines:
+            with self._lock:
+                if self._held is None:
+                    sys.stderr.write(line)
+                else:
+                    self._held.append(line)
+            if self.log is not None:
+                self.log.write(line)
+                self.log.flush()
+        if self.log is not None:
+            self.log.close()
 
 
 @contextmanager
-def started(command: ServeCommand, log_path: Path | None = None, append: bool = False, echo: bool = False
-            ) -> Iterator[subprocess.Popen]:
+def started(command: ServeCommand, log_path: Path | None = None, append: bool = False, echo: bool = False,
+            held: bool = False) -> Iterator[subprocess.Popen]:
     """The server process for the duration of the block, stopped at its end whatever ends it. An interrupt that
     lands while the process is being started takes effect once its handle is held, so it cannot orphan the server
     (which runs in a session of its own and would not get the signal)."""
     process = None
     try:
         with interrupts_deferred():
-            process = start(command, log_path, append, echo)
+            process = start(command, log_path, append, echo, held)
         yield process
     finally:
         if process is not None:
@@ -105,16 +131,27 @@ def stop(process: subprocess.Popen, grace_s: float = 20) -> None:
             continue
 
 
-def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: float, ready_note: str = "") -> int:
+def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: float, ready_note: str = "",
+                        check_while_starting: Callable[[], str | None] | None = None) -> int:
     """Start the server, print the URL when it answers, and stay until it exits or Ctrl-C / SIGTERM, which stop
-    every process it started. Raises ServerStartError when it does not come up."""
+    every process it started. Raises ServerStartError when it does not come up.
+
+    `check_while_starting` runs once the server is started: it returns why the server must not run, or None. Its
+    seconds overlap the server's own imports, which load nothing; the server's output is held until it has passed,
+    and a refusal stops the server (raised as ServerStartError with that message)."""
     print(f"Starting {engine}: {command.printable()}", file=sys.stderr, flush=True)
     # Its output goes to the terminal as it comes, and to a log that a failed start is explained from.
     log = Path(tempfile.mkstemp(prefix="kimi-eagle-serve-", suffix=".log")[1])
     # The server runs in its own session, so a signal reaches only us: SIGTERM takes the same clean stop as Ctrl-C.
     try:
-        with sigterm_as_keyboard_interrupt(), started(command, log, echo=True) as process:
+        with sigterm_as_keyboard_interrupt(), \
+                started(command, log, echo=True, held=check_while_starting is not None) as process:
             try:
+                if check_while_starting is not None:
+                    refusal = check_while_starting()
+                    if refusal is not None:
+                        raise ServerStartError(refusal)  # `started` stops the server on the way out
+                    show_output(process)
                 waited = wait_healthy(process, command.url, ready_timeout_s, log, api_key=command.api_key)
                 print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
                       flush=True)

@@ -4,7 +4,10 @@ the root cause in that output."""
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from kimi_eagle.serve.command import ServeCommand
@@ -32,3 +35,39 @@ def test_a_foreground_start_echoes_its_output_and_names_the_root_cause(capsys: p
                               "KV cache (in vLLM's Worker process)"), message
     err = capsys.readouterr().err
     assert "non-default args" in err and err.rstrip().endswith("See root cause above.")  # all of it, as it came
+
+
+def test_a_refusal_of_the_checks_that_run_while_the_server_starts_stops_it_unseen(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pid_file = tmp_path / "server.pid"
+    server = (f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+              "print('(APIServer pid=1) INFO a line the user should ' + 'not read', flush=True)\ntime.sleep(120)\n")
+    command = ServeCommand(argv=[sys.executable, "-c", server], env={}, url="http://127.0.0.1:9",
+                           served_model_name="m", target="t", draft=None)
+
+    def refuse_once_the_server_runs() -> str:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # its line is printed by now, and held
+        return "vLLM rejects the flags of this profile: unrecognized arguments: --no-such-flag"
+
+    with pytest.raises(ServerStartError, match="unrecognized arguments: --no-such-flag"):
+        serve_in_foreground(command, "vLLM", ready_timeout_s=60, check_while_starting=refuse_once_the_server_runs)
+    assert "the user should not read" not in capsys.readouterr().err  # the command line holds it in two parts
+    assert not psutil.pid_exists(int(pid_file.read_text()))
+
+
+def test_what_the_server_printed_while_the_checks_ran_is_shown_once_they_pass(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    command = ServeCommand(argv=[sys.executable, "-c", FAILING_SERVER], env={}, url="http://127.0.0.1:9",
+                           served_model_name="m", target="t", draft=None)
+
+    def pass_after_the_server_has_printed() -> None:
+        time.sleep(3)  # the failing server has printed everything and exited by now
+
+    with pytest.raises(ServerStartError, match="no room for the KV cache"):
+        serve_in_foreground(command, "vLLM", ready_timeout_s=60,
+                            check_while_starting=pass_after_the_server_has_printed)
+    err = capsys.readouterr().err
+    assert "non-default args" in err and err.rstrip().endswith("See root cause above.")

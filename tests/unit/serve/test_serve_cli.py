@@ -7,6 +7,7 @@ import json
 import shlex
 
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import load_profile
 from tests.helpers.cli import run_cli
@@ -76,3 +77,13 @@ def test_help_recommends_the_key_in_the_environment() -> None:
     assert result.returncode == 0
     assert "VLLM_API_KEY" in result.stdout and "ps" in result.stdout
 
+
+
+def test_a_flag_vllm_refuses_stops_the_server_started_beside_the_check_before_it_prints() -> None:
+    """`serve` starts vLLM while vLLM's own parser and config classes check the command (both import vLLM first):
+    the refusal is the one line the user reads, not vLLM's usage or traceback."""
+    result = run_cli("serve", "--port", str(free_port()), "--", "--no-such-flag", timeout=120)
+    assert result.returncode == 2
+    assert "kimi-eagle serve: vLLM rejects the flags of this profile: unrecognized arguments: --no-such-flag" \
+        in result.stderr
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr and "(APIServer" not in result.stderr
