@@ -28,7 +28,7 @@ class ServerStartError(RuntimeError):
 def start(command: ServeCommand, log_path: Path | None = None, append: bool = False,
           echo: bool = False, held: bool = False) -> subprocess.Popen:
     """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart),
-    and with `echo` to our stderr as well, as it comes; with `held` too, from `show_output(process)` on (what came
+    and with `echo` to our stderr as well, as it comes; with `held` too, from `process.tee.show()` on (what came
     before is shown then)."""
     env = {**os.environ, **command.env}
     out = open(log_path, "a" if append else "w") if log_path else None  # noqa: SIM115 - owned by the child process
@@ -43,11 +43,6 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
     return process
 
 
-def show_output(process: subprocess.Popen) -> None:
-    """Echo a `held` server's output from now on, what it printed so far first."""
-    process.tee.show()
-
-
 class _Tee(threading.Thread):
     """The server's output to its log as it comes, and to our stderr unless held: a server stopped by a refusal of
     the checks that ran while it started printed nothing the user should read."""
@@ -59,6 +54,7 @@ class _Tee(threading.Thread):
         self._held: list[str] | None = [] if held else None
 
     def show(self) -> None:
+        """Echo the output from now on, what was held first."""
         with self._lock:
             if self._held is not None:
                 sys.stderr.writelines(self._held)
@@ -151,7 +147,7 @@ def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: flo
                     refusal = check_while_starting()
                     if refusal is not None:
                         raise ServerStartError(refusal)  # `started` stops the server on the way out
-                    show_output(process)
+                    process.tee.show()
                 waited = wait_healthy(process, command.url, ready_timeout_s, log, api_key=command.api_key)
                 print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
                       flush=True)

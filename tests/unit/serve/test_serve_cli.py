@@ -78,7 +78,6 @@ def test_help_recommends_the_key_in_the_environment() -> None:
     assert "VLLM_API_KEY" in result.stdout and "ps" in result.stdout
 
 
-
 def test_a_flag_vllm_refuses_stops_the_server_started_beside_the_check_before_it_prints() -> None:
     """`serve` starts vLLM while vLLM's own parser and config classes check the command (both import vLLM first):
     the refusal is the one line the user reads, not vLLM's usage or traceback."""
