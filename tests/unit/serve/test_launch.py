@@ -4,6 +4,7 @@ the root cause in that output."""
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,37 +38,49 @@ def test_a_foreground_start_echoes_its_output_and_names_the_root_cause(capsys: p
     assert "non-default args" in err and err.rstrip().endswith("See root cause above.")  # all of it, as it came
 
 
+def _server_log_holds(log_dir: Path, text: str, timeout_s: float = 30) -> bool:
+    """Whether the server's output, as the tee wrote it to its log (after holding it), reached `text`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(text in log.read_text() for log in log_dir.glob("kimi-eagle-serve-*.log")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_refusal_of_the_checks_that_run_while_the_server_starts_stops_it_unseen(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the server's log, where the check can watch it
     pid_file = tmp_path / "server.pid"
     server = (f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
               "print('(APIServer pid=1) INFO a line the user should ' + 'not read', flush=True)\ntime.sleep(120)\n")
     command = ServeCommand(argv=[sys.executable, "-c", server], env={}, url="http://127.0.0.1:9",
                            served_model_name="m", target="t", draft=None)
 
-    def refuse_once_the_server_runs() -> str:
-        deadline = time.monotonic() + 30
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)  # its line is printed by now, and held
+    def refuse_once_the_server_has_printed() -> str:
+        assert _server_log_holds(tmp_path, "the user should not read")
         return "vLLM rejects the flags of this profile: unrecognized arguments: --no-such-flag"
 
     with pytest.raises(ServerStartError, match="unrecognized arguments: --no-such-flag"):
-        serve_in_foreground(command, "vLLM", ready_timeout_s=60, check_while_starting=refuse_once_the_server_runs)
+        serve_in_foreground(command, "vLLM", ready_timeout_s=60,
+                            check_while_starting=refuse_once_the_server_has_printed)
     assert "the user should not read" not in capsys.readouterr().err  # the command line holds it in two parts
     assert not psutil.pid_exists(int(pid_file.read_text()))
 
 
 def test_what_the_server_printed_while_the_checks_ran_is_shown_once_they_pass(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     command = ServeCommand(argv=[sys.executable, "-c", FAILING_SERVER], env={}, url="http://127.0.0.1:9",
                            served_model_name="m", target="t", draft=None)
 
-    def pass_after_the_server_has_printed() -> None:
-        time.sleep(3)  # the failing server has printed everything and exited by now
+    def pass_once_the_server_has_printed_everything() -> None:
+        assert _server_log_holds(tmp_path, "See root cause above.")
+        shown = capsys.readouterr().err.splitlines()  # the command line, which holds the script's text, and no more
+        assert not any(line.startswith("(APIServer pid=1)") for line in shown)
 
     with pytest.raises(ServerStartError, match="no room for the KV cache"):
         serve_in_foreground(command, "vLLM", ready_timeout_s=60,
-                            check_while_starting=pass_after_the_server_has_printed)
+                            check_while_starting=pass_once_the_server_has_printed_everything)
     err = capsys.readouterr().err
     assert "non-default args" in err and err.rstrip().endswith("See root cause above.")
