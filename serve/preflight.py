@@ -76,7 +76,8 @@ def model_reference_problem(role: str, ref: str) -> str | None:
 
 def preflight(command: ServeCommand) -> bool:
     """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
-    from kimi_eagle.adapter.checks import Severity, refusal_message, run_static_checks
+    from kimi_eagle.adapter.checks import run_static_checks
+    from kimi_eagle.adapter.checks.diagnosis import check_target_alone
 
     problems = [problem for role, ref in (("target", command.target), ("draft", command.draft))
                 if ref is not None and (problem := model_reference_problem(role, ref))]
@@ -85,24 +86,32 @@ def preflight(command: ServeCommand) -> bool:
         return False
     if not (weights_are_whole(command) and kv_cache_fits(command)):
         return False
-    if command.draft is None:
-        return True
-    draft = Path(command.draft)
-    if not draft.exists():  # a hub name (model_reference_problem let it through)
+    target = Path(command.target)
+    draft = Path(command.draft) if command.draft is not None else None
+    if draft is not None and not draft.exists():  # a hub name (model_reference_problem let it through)
         print(f"pre-flight: {command.draft} is not a local folder: vLLM downloads it; the draft checks are "
               "skipped (run `kimi-eagle doctor` on the downloaded folder)", file=sys.stderr)
-        return True
-    target = Path(command.target)
+        draft = None
+    if draft is None:
+        # the target's own checks (a tensor stored in two shards) hold without a draft too
+        return _judge(check_target_alone(target) if target.is_dir() else [], "this target")
     if not target.is_dir():
         # a hub name: vLLM downloads it; the checks against it need the files here
         print(f"pre-flight: {command.target} is not a local folder: the checks against the target are skipped",
               file=sys.stderr)
-    findings = [f for f in run_static_checks(draft, target if target.is_dir() else None) if f.applies_to("vllm")]
+    return _judge(run_static_checks(draft, target if target.is_dir() else None), "this EAGLE-3 draft")
+
+
+def _judge(findings: list, subject: str) -> bool:
+    """Print the warnings and refusals for vLLM; True when there is no refusal."""
+    from kimi_eagle.adapter.checks import Severity, refusal_message
+
+    findings = [f for f in findings if f.applies_to("vllm")]
     for f in findings:
         if f.severity == Severity.WARNING:
             print(f"pre-flight warning [{f.code}] {f.title}: found {f.found}; expected {f.expected}. Fix: {f.fix}",
                   file=sys.stderr)
-    message = refusal_message(findings, engine="vllm")
+    message = refusal_message(findings, engine="vllm", subject=subject)
     if message:
         print(message, file=sys.stderr)
         return False

@@ -7,6 +7,7 @@ A Kimi-K2.5 target is 64 shards and about 554 GB: everything about it comes from
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,14 +33,19 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: str  # safetensors' names: BF16, F32, I64, BOOL, ...
     file: Path
+    span: tuple[int, int] | None = None  # where its bytes lie in the file (begin, end), when the header says
 
 
 @dataclass
 class Checkpoint:
     folder: Path
     config: dict
+    # name -> the copy the engine keeps: with the same name in several files, the one read last (`read_order`)
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     other_weight_files: list[Path] = field(default_factory=list)  # .bin / .pt: not checked
+    # name -> every copy, in reading order, of each name stored in more than one of the files the engine reads
+    copies: dict[str, list[TensorInfo]] = field(default_factory=dict)
+    weight_map: dict[str, str] | None = None  # the index's name -> file, when the folder has an index
 
 
 def read_config(folder: Path) -> dict:
@@ -80,22 +86,45 @@ def tensor_entries(header: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: entry for name, entry in header.items() if name != "__metadata__"}
 
 
+def _span(data_start: int, entry: dict[str, Any]) -> tuple[int, int] | None:
+    offsets = entry.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        return None  # the weight-file checks name a broken header; the span is only needed to compare copies
+    return data_start + offsets[0], data_start + offsets[1]
+
+
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """The tensor table of one .safetensors file, read from its header only."""
-    _, header = read_raw_header(path)
-    return {name: TensorInfo(name, tuple(entry["shape"]), entry["dtype"], path)
+    length, header = read_raw_header(path)
+    return {name: TensorInfo(name, tuple(entry["shape"]), entry["dtype"], path, _span(8 + length, entry))
             for name, entry in tensor_entries(header).items()}
 
 
-def shard_names(index: Path) -> list[str]:
-    """The shard files an index's weight map names, each once."""
+def read_weight_map(index: Path) -> dict[str, str]:
+    """An index's weight map: tensor name -> the file the index puts it in."""
     try:
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError("weight_map is not an object of file names")
+        return weight_map
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{index} has no usable weight_map ({exc})") from None
 
 
+def shard_names(index: Path) -> list[str]:
+    """The shard files an index's weight map names, each once."""
+    return sorted(set(read_weight_map(index).values()))
+
+
+def read_order(path: Path) -> list[int | str]:
+    """vLLM 0.32's order of reading a checkpoint's files: by file name, runs of digits compared as numbers
+    (`_natural_sort_key`, applied by `safetensors_weights_iterator` in model_loader/weight_utils.py)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
 def safetensors_files(folder: Path) -> list[Path]:
+    """The files vLLM 0.32 reads, in the order it reads them: with an index, the files it names (vLLM drops the
+    others, `filter_duplicate_safetensors_files`); without one, every *.safetensors of the folder."""
     index = folder / INDEX_NAME
     if index.is_file():
         files = [folder / name for name in shard_names(index)]
@@ -103,8 +132,8 @@ def safetensors_files(folder: Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} names {len(missing)} missing shard(s), e.g. {missing[0]}: "
                                   "the download is incomplete")
-        return files
-    return sorted(folder.glob("*.safetensors"))
+        return sorted(files, key=read_order)
+    return sorted(folder.glob("*.safetensors"), key=read_order)
 
 
 def open_checkpoint(folder: Path) -> Checkpoint:
@@ -112,10 +141,44 @@ def open_checkpoint(folder: Path) -> Checkpoint:
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder")
     checkpoint = Checkpoint(folder=folder, config=read_config(folder))
+    index = folder / INDEX_NAME
+    if index.is_file():
+        checkpoint.weight_map = read_weight_map(index)
     for path in safetensors_files(folder):
-        checkpoint.tensors.update(read_header(path))
+        for name, info in read_header(path).items():
+            if name in checkpoint.tensors:
+                checkpoint.copies.setdefault(name, [checkpoint.tensors[name]]).append(info)
+            # vLLM loads every copy it reads, each over the one before: the copy read last is the one served
+            checkpoint.tensors[name] = info
     checkpoint.other_weight_files = sorted(p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     return checkpoint
+
+
+CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def same_bytes(a: TensorInfo, b: TensorInfo) -> bool:
+    """True when two copies of a tensor hold the same dtype, shape and bytes; read in chunks (a draft's embedding
+    can be gigabytes). False when either cannot be read whole: nothing proves them identical then."""
+    if (a.dtype, a.shape) != (b.dtype, b.shape) or a.span is None or b.span is None:
+        return False
+    size = a.span[1] - a.span[0]
+    if size != b.span[1] - b.span[0]:
+        return False
+    try:
+        with open(a.file, "rb") as fa, open(b.file, "rb") as fb:
+            fa.seek(a.span[0])
+            fb.seek(b.span[0])
+            left = size
+            while left:
+                n = min(CHUNK_BYTES, left)
+                chunk = fa.read(n)
+                if len(chunk) != n or chunk != fb.read(n):
+                    return False
+                left -= n
+    except OSError:
+        return False
+    return True
 
 
 def load_numpy(info: TensorInfo):

@@ -140,6 +140,20 @@ def describe_layout(spec: DraftSpec, draft: Checkpoint) -> str:
         f"; EAGLE-3.1 flags {', '.join(flags)}" if flags else "")
 
 
+def _target_unreadable(exc: Exception) -> Finding:
+    return finding("target-unreadable", Severity.REFUSAL, "the target cannot be read", str(exc),
+                   "a checkpoint folder with config.json", "fix the path")
+
+
+def check_target_alone(target_dir: Path) -> list[Finding]:
+    """The checks of a target served without a draft: what its checkpoint's files hold, from headers alone."""
+    try:
+        target = open_checkpoint(Path(target_dir))
+    except CheckpointError as exc:
+        return [_target_unreadable(exc)]
+    return static.check_copies(target, "target", compare_data=False)
+
+
 def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = True) -> Diagnosis:
     result = Diagnosis(draft=str(draft_dir), target=str(target_dir) if target_dir else None)
     try:
@@ -150,18 +164,22 @@ def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = T
                                        "a speculators-format (or flat) EAGLE-3 draft folder", "fix the folder"))
         return result
     target = None
+    # a tensor stored twice: the draft's copies are small enough to compare, the target's data is never read
+    findings = static.check_copies(draft, "draft", compare_data=check_values)
     if target_dir is not None:
         try:
-            target = target_spec(open_checkpoint(Path(target_dir)))
+            target_checkpoint = open_checkpoint(Path(target_dir))
+            target = target_spec(target_checkpoint)
         except (CheckpointError, DraftConfigError) as exc:
-            result.findings.append(finding("target-unreadable", Severity.REFUSAL, "the target cannot be read",
-                                           str(exc), "a checkpoint folder with config.json", "fix the path"))
+            result.findings.append(_target_unreadable(exc))
             return result
+        findings.extend(static.check_copies(target_checkpoint, "target", compare_data=False))
     else:
         result.findings.append(finding("no-target", Severity.INFO, "no target given: checks against it skipped",
                                        "no --target", "the target's folder", "pass --target DIR for the full check"))
     if not draft.tensors:
         severity = Severity.WARNING if draft.other_weight_files else Severity.REFUSAL
+        result.findings.extend(findings)  # the target's
         result.findings.append(finding("weights-missing", severity, "no safetensors weights in the draft folder",
                                        listing([p.name for p in draft.other_weight_files]) or "no weight files",
                                        "model.safetensors (or shards with model.safetensors.index.json)",
@@ -169,7 +187,6 @@ def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = T
         return result
     result.layout = describe_layout(spec, draft)
     ctx = Context(draft, spec, target)
-    findings = []
     for check in CHECKS:
         findings.extend(check(ctx))
     if check_values:

@@ -37,12 +37,12 @@ def worst(findings: list[Finding], engine: str = "all") -> Severity | None:
     return max(relevant) if relevant else None
 
 
-def refusal_message(findings: list[Finding], engine: str = "vllm") -> str:
+def refusal_message(findings: list[Finding], engine: str = "vllm", subject: str = "this EAGLE-3 draft") -> str:
     """The refusals as text: per refusal, what was found and expected, then what to do. Empty when none."""
     refusals = [f for f in findings if f.severity == Severity.REFUSAL and f.applies_to(engine)]
     if not refusals:
         return ""
-    lines = [f"kimi-eagle refuses this EAGLE-3 draft ({len(refusals)} problem{'s' * (len(refusals) > 1)}; "
+    lines = [f"kimi-eagle refuses {subject} ({len(refusals)} problem{'s' * (len(refusals) > 1)}; "
              "`kimi-eagle doctor DRAFT --target TARGET` shows the full report):"]
     for f in refusals:
         lines.append(f"- [{f.code}] {f.title}: found {f.found}; expected {f.expected}.")

@@ -9,7 +9,7 @@ from collections import defaultdict
 from safetensors import SafetensorError
 
 from kimi_eagle.adapter.checks import engines as eng
-from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_numpy
+from kimi_eagle.adapter.checks.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, load_numpy, same_bytes
 from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
 from kimi_eagle.adapter.checks.layout import (
     MLA_DRAFT_ARCHITECTURES,
@@ -473,3 +473,67 @@ def check_target(ctx: Context) -> list[Finding]:
                     "the target's config and its weights disagree on the layer count",
                     f"weights name layers 0..{t.layers_in_weights - 1}", f"{t.num_layers} layers (config.json)",
                     "check that config.json belongs to these weights")]
+
+
+def _copies_text(checkpoint: Checkpoint, name: str, detail: str) -> str:
+    copies = checkpoint.copies[name]
+    files = " and ".join(c.file.name for c in copies)
+    mapped = checkpoint.weight_map.get(name) if checkpoint.weight_map else None
+    return (f"{name} in {files} (vLLM keeps the copy in {copies[-1].file.name}, read last{detail}"
+            + (f"; the index maps it to {mapped}" if mapped else "") + ")")
+
+
+def _difference(copies: list[TensorInfo], compared: bool) -> str:
+    if len({(c.dtype, c.shape) for c in copies}) > 1:
+        return ": " + " vs ".join(f"{c.dtype} {list(c.shape)}" for c in copies)
+    return "; the bytes differ" if compared else "; same dtype and shape, values not read"
+
+
+def check_copies(checkpoint: Checkpoint, role: str, *, compare_data: bool) -> list[Finding]:
+    """A tensor name stored in more than one of the files vLLM reads (`safetensors_files`). vLLM 0.32 yields every
+    copy, file by file in `read_order`, and each lands over the one before (the draft classes' `load_weights`
+    keep the last in a dict, the target's weight loaders copy each into the parameter): the copy in the file read
+    last is served, chosen by file names alone, and nothing says so.
+
+    With `compare_data` (the draft: megabytes) copies with the same dtype, shape and bytes are only a warning.
+    Without it (the target: hundreds of GB, of which only headers are read) any duplicate is a refusal: the same
+    dtype, shape and byte length say nothing of the values, and a stale shard beside a re-exported one is exactly
+    that case."""
+    if not checkpoint.copies:
+        return []
+    identical = [n for n, copies in checkpoint.copies.items()
+                 if compare_data and all(same_bytes(c, copies[-1]) for c in copies[:-1])]
+    differing = [n for n in checkpoint.copies if n not in identical]
+    scope = ("the files its index names" if checkpoint.weight_map is not None
+             else "every *.safetensors file of the folder, as it has no index")
+    order = (f"vLLM 0.32 reads {scope}, in file-name order (digits as numbers), and each copy overwrites the one "
+             "read before")
+    out = []
+    if differing:
+        if checkpoint.weight_map is not None:
+            fix = ("re-save the file that should not hold the tensor without it, or take a stale file out of "
+                   f"{INDEX_NAME} (vLLM reads every tensor of each file the index names, whatever file the index "
+                   "maps a name to)")
+        else:
+            fix = (f"remove the stale shard, or write a {INDEX_NAME} that names one file per tensor and leaves the "
+                   "stale file out (vLLM then reads only the files it names); if every file also holds tensors of "
+                   "its own, re-save one without its copy")
+        out.append(finding(
+            "conflicting-copies", Severity.REFUSAL,
+            f"{len(differing)} tensor(s) stored in more than one {role} file"
+            + (", with different values" if compare_data else ""),
+            listing([_copies_text(checkpoint, n, _difference(checkpoint.copies[n], compare_data))
+                     for n in differing]),
+            f"each tensor in one file: {order}, so which copy is served depends on the file names"
+            + ("" if compare_data else " (only the target's headers are read: identical copies cannot be told "
+                                       "from stale ones)"),
+            fix))
+    if identical:
+        out.append(finding(
+            "identical-copies", Severity.WARNING,
+            f"{len(identical)} tensor(s) stored twice in the {role}, the copies identical",
+            listing([_copies_text(checkpoint, n, "") for n in identical]),
+            f"each tensor in one file: {order}; the copies are the same now, but a later edit of one file would "
+            "change what is served without a word",
+            "remove the duplicate copy: the stale shard, or the tensor from all files but one"))
+    return out

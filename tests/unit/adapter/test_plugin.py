@@ -193,3 +193,23 @@ def test_first_step_check_names_both_widths_and_the_ids() -> None:
     message = str(refusal.value)
     assert "768 = 3 aux layers [2, 4, 6] x hidden 256" in message and "sent 256 (1 layer(s))" in message
 
+
+
+def test_upstream_top_k_only_still_fails_on_zero_rows() -> None:
+    """A step with no draft tokens gives the rejection sampler zero rows; vLLM's CPU top-k mask fails on them."""
+    from kimi_eagle.adapter import cpu_fixes
+
+    with pytest.raises(RuntimeError, match="numel"):
+        cpu_fixes.upstream_top_k_only()(torch.zeros(0, 8), torch.zeros(0, dtype=torch.int32))
+
+
+def test_top_k_on_a_verification_without_draft_tokens_masks_nothing() -> None:
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from kimi_eagle.adapter import plugin
+
+    plugin.register()
+    assert apply_top_k_top_p(torch.zeros(0, 8), torch.zeros(0, dtype=torch.int32), None).shape == (0, 8)
+    logits = torch.arange(8.0).repeat(2, 1)
+    masked = apply_top_k_top_p(logits, torch.tensor([2, 8], dtype=torch.int32), None)
+    assert torch.isinf(masked[0]).sum() == 6 and not torch.isinf(masked[1]).any()
