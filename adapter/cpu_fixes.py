@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+from kimi_eagle import envs
 from kimi_eagle.adapter import compat
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
@@ -119,6 +120,9 @@ def apply() -> bool:
         return False
     enable_block_size_16()
     enable_correct_expand()
-    enable_top_k_on_empty_verification()
+    if envs.fault() == "upstream-top-k":  # a real engine fault for the tests of how a fault is reported
+        logger.warning("kimi-eagle: FAULT INJECTION %s=upstream-top-k: vLLM's own CPU top-k", envs.FAULT.name)
+    else:
+        enable_top_k_on_empty_verification()
     verify_draft_tokens_on_the_mla_decode_kernel()
     return True

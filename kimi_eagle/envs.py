@@ -36,7 +36,8 @@ CPU_LAYOUT = Knob("KIMI_EAGLE_CPU_LAYOUT", "shared",
                   "on a CPU, `shared` runs the engine core on its workers' cores (leaving vLLM's reserved cores to "
                   "the API server); `vllm` keeps vLLM's layout, where the engine core floats")
 FAULT = Knob("KIMI_EAGLE_FAULT", "",
-             "fault injection for the guards' own tests: `aux-single-layer` makes the target capture one aux layer")
+             "fault injection for the project's own tests: `aux-single-layer` makes the target capture one aux layer; "
+             "`upstream-top-k` leaves vLLM's CPU top-k in place (a top-k request at T > 0 then fails the engine)")
 
 KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, CPU_LAYOUT,
          FAULT)

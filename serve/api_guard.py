@@ -11,7 +11,8 @@
   the field instead, as OpenAI's own API does. It also checks `n` against VLLM_MAX_N_SEQUENCES first: vLLM 0.32
   runs its queue admission (`_preflight` -> `check_admission`, 503 "try again later") before it validates `n`
   (`to_sampling_params`), so with `--max-num-queued-reqs` an `n` the server never allows is told to retry forever.
-  And a chat message whose `role` the chat API does not define (vLLM renders it into the prompt as text).
+  And a chat message whose `role` the chat API does not define (vLLM renders it into the prompt as text), and
+  `allowed_token_ids` together with a structured output, which vLLM answers with a 500 whenever they disagree.
 
 Both read the environment only (vLLM instantiates middleware classes without arguments) and depend on nothing but
 Starlette's ASGI types, so they cost nothing when not in use.
@@ -100,9 +101,26 @@ def _unknown_role(data: object) -> str | None:
     return None
 
 
+def _grammar_and_allowed_tokens(data: object) -> str | None:
+    """The structured-output field of a request that also sends `allowed_token_ids`. Both restrict the tokens; when
+    the grammar needs a token the list leaves out, vLLM 0.32 masks every logit, samples token 0, the grammar rejects
+    it ("grammar rejected tokens [0] ... Terminating request") and the client gets a 500, with a draft or without."""
+    if not isinstance(data, dict) or not data.get("allowed_token_ids"):
+        return None
+    response_format = data.get("response_format")
+    if data.get("structured_outputs"):
+        return "structured_outputs"
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        return "response_format"
+    tool_choice = data.get("tool_choice")
+    if tool_choice == "required" or isinstance(tool_choice, dict):  # vLLM turns these into a JSON grammar
+        return "tool_choice"
+    return None
+
+
 class RejectBadFields:
-    """400 for a completion or chat request with a top-level field the server does not implement, or an `n` above
-    the server's limit."""
+    """400 for a completion or chat request with a top-level field the server does not implement, a chat role the API
+    does not define, `allowed_token_ids` with a structured output, or an `n` above the server's limit."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -138,6 +156,13 @@ class RejectBadFields:
             return await _send_error(
                 send, 400, f"messages: unknown role {role!r}: a chat message's role is one of "
                            f"{', '.join(CHAT_ROLES)} (check the spelling)", "BadRequestError", param="messages")
+        grammar = _grammar_and_allowed_tokens(data)
+        if grammar is not None:
+            return await _send_error(
+                send, 400, f"allowed_token_ids with {grammar}: both restrict the tokens, and vLLM fails the request "
+                           "(500) as soon as the structured output needs a token the list leaves out; send one of the "
+                           "two (the structured output alone, or allowed_token_ids alone)", "BadRequestError",
+                param="allowed_token_ids")
         n = data.get("n") if isinstance(data, dict) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > self.max_n:
             text = f"n must be at most {self.max_n}, got {n} (the server's {MAX_N_ENV}): ask for fewer"

@@ -152,13 +152,22 @@ def serve_in_foreground(command: ServeCommand, engine: str, ready_timeout_s: flo
                 print(f"Ready in {waited:.0f}s: {command.url}/v1  model: {command.served_model_name}{ready_note}",
                       flush=True)
                 process.wait()
-                return process.returncode or 0
+                return _exited_while_serving(process, log, command.api_key)
             except KeyboardInterrupt:
                 print(f"\nStopping {engine} ...", file=sys.stderr, flush=True)
                 return 0
     except KeyboardInterrupt:  # it landed while the process was being started: `started` has stopped it
         print(f"\nStopped {engine} (interrupted while starting)", file=sys.stderr, flush=True)
         return 0
+
+
+def _exited_while_serving(process: subprocess.Popen, log: Path, api_key: str | None) -> int:
+    """A server that stops by itself stopped for a reason: vLLM's API server exits once its engine died (with code
+    0 on some paths), and its last words, "EngineCore encountered an issue", hide the engine's error above them."""
+    process.tee.join(timeout=10)  # the log is complete only once the tee has drained the pipe
+    print(f"vLLM exited with code {process.returncode} while serving; {describe_failure(log, api_key)}",
+          file=sys.stderr, flush=True)
+    return process.returncode or 1
 
 
 @contextmanager

@@ -11,16 +11,36 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
-from tests.helpers.server import EXACT_PROFILE, Server
+from tests.helpers.server import DEFAULT_PROFILE, EXACT_PROFILE, Server
 
 # Real responses of a real SGLang 0.5.23 server (its README says how they were recorded), carried by the project.
 RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
 
 
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`). The tests of one set of shared servers
+# go to one worker, so that each of those servers starts once in the session and memory holds one copy of each: a
+# test's group is named by the shared servers it uses. A module whose tests share a server of its own names its group
+# (`pytestmark`), and a test that picks its servers by parameter marks each parameter.
+SERVER_GROUPS = {"spec_server": "exact", "plain_server": "exact", "sampling_server": "exact",
+                 "default_server": "default", "default_plain_server": "default"}
 
 
-def _serve(tmp_dir: Path, name: str, env: dict[str, str] | None = None, **overrides) -> Iterator[Server]:
-    command = build_command(load_profile(EXACT_PROFILE), port=free_port(), **overrides)
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns each test's group into its node id's suffix
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        groups = {SERVER_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SERVER_GROUPS}
+        marked = item.get_closest_marker("xdist_group")
+        if len(groups) > 1 or (marked and groups and {marked.args[0]} != groups):
+            named = [marked.args[0]] if marked else []
+            raise pytest.UsageError(f"{item.nodeid} needs the shared servers of {sorted(groups)}, marked {named}: "
+                                    "one worker must hold all the servers of a test")
+        if groups and not marked:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+
+
+def _serve(tmp_dir: Path, name: str, env: dict[str, str] | None = None, profile: str = EXACT_PROFILE,
+           **overrides) -> Iterator[Server]:
+    command = build_command(load_profile(profile), port=free_port(), **overrides)
     command.env.update(env or {})
     log = tmp_dir / f"{name}.log"
     with running_server(command, log_path=log, timeout_s=600) as ready_s:
@@ -47,6 +67,19 @@ def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The same target without speculation."""
     yield from _serve(tmp_path_factory.mktemp("plain"), "plain", no_draft=True)
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default profile as `make serve` starts it: bfloat16, k=4 with its schedule, the draft fail-safe on."""
+    yield from _serve(tmp_path_factory.mktemp("default"), "default", profile=DEFAULT_PROFILE)
+
+
+@pytest.fixture(scope="session")
+def default_plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default profile's target alone (`kimi-eagle serve tiny-cpu --no-draft`)."""
+    yield from _serve(tmp_path_factory.mktemp("default-plain"), "default-plain", profile=DEFAULT_PROFILE,
+                      no_draft=True)
 
 
 @pytest.fixture(scope="session")

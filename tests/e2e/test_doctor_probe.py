@@ -167,6 +167,9 @@ def _vllm_servers(parent: psutil.Process) -> list[psutil.Process]:
 
 @pytest.mark.e2e
 def test_a_probe_whose_server_cannot_start_names_the_root_cause_and_keeps_the_log(tmp_path: Path) -> None:
+    """A real vLLM start that cannot hold its KV cache. The server fixtures, doctor's probe and bench start vLLM
+    without the pre-flight: the error `running_server` raises (and the probe passes on whole) names the worker's
+    error, not 'Engine core initialization failed. See root cause above.' (One start for both: it was two tests.)"""
     import yaml
 
     from kimi_eagle.doctor.engine_probe import measure_with_started_server
@@ -181,6 +184,8 @@ def test_a_probe_whose_server_cannot_start_names_the_root_cause_and_keeps_the_lo
     with pytest.raises(ProbeError) as failed:
         measure_with_started_server(DRAFT_DIR, TARGET_DIR, ["x = 1"], str(path))
     message = str(failed.value)
-    assert "root cause: ValueError: Available memory on node" in message, message
+    assert (f"vLLM did not start for the pair (profile {path}): vLLM exited with code 1 before it was ready; "
+            "root cause: ValueError: Available memory on node") in message, message
+    assert "(65536.0 GiB)" in message and "in vLLM's Worker process" in message, message
     log = Path(message.split("the whole log: ")[1].split()[0])
     assert log.is_file() and "Available memory on node" in log.read_text()

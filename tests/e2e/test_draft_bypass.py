@@ -20,7 +20,8 @@ from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
 from tests.helpers.server import EXACT_PROFILE, Server, greedy_ids, metric_value
 
-pytestmark = pytest.mark.e2e
+# Both tests use the module's random-draft server, and the first the shared plain server: one worker for both.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("exact")]
 
 RETRY_S = 20
 BYPASSED = "kimi_eagle:draft_bypassed"

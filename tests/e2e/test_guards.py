@@ -37,12 +37,15 @@ def start_expecting_refusal(tmp_path: Path, draft: Path, env: dict[str, str]) ->
     return log.read_text()
 
 
-@pytest.mark.parametrize("missing", ["fc.weight", "layers.0.mlp.down_proj.weight"])
-def test_unfilled_draft_parameter_is_refused_at_load(tmp_path: Path, missing: str) -> None:
-    """vLLM 0.32 runs such a draft silently; with the static checks off, the load-time sentinel still refuses."""
-    log = start_expecting_refusal(tmp_path, draft_without(tmp_path, missing), {"KIMI_EAGLE_STATIC_CHECKS": "0"})
-    assert "DraftRefusedError" in log
-    assert "unfilled" in log and missing.removesuffix(".weight") in log
+def test_unfilled_draft_parameters_are_refused_at_load(tmp_path: Path) -> None:
+    """vLLM 0.32 runs such a draft silently; with the static checks off, the load-time sentinel still refuses, and
+    names every parameter left unfilled: the fusion layer's and one inside the decoder layer (one start for both)."""
+    missing = ["fc.weight", "layers.0.mlp.down_proj.weight"]
+    log = start_expecting_refusal(tmp_path, draft_without(tmp_path, *missing), {"KIMI_EAGLE_STATIC_CHECKS": "0"})
+    refusal = next((line for line in log.splitlines() if "DraftRefusedError" in line and "unfilled" in line), "")
+    assert "leaves 2 parameter(s) unfilled" in refusal, log[-3000:]
+    for name in missing:
+        assert name.removesuffix(".weight") in refusal, f"{name} is not named in the refusal: {refusal}"
 
 
 def test_target_without_aux_capture_is_named_at_the_first_step(tmp_path: Path) -> None:

@@ -126,6 +126,11 @@ BAD_REQUESTS = [
     BadRequest("prompt-embeds-disabled", COMP, {"prompt_embeds": "AAAA", "max_tokens": 4}, r"prompt.?embeds"),
     BadRequest("suffix-unsupported", COMP, {"prompt": "x = 1", "suffix": "y", "max_tokens": 4}, r"suffix"),
     BadRequest("logprobs-too-many", COMP, {"prompt": "x = 1", "logprobs": 10_000, "max_tokens": 4}, r"logprobs"),
+    # Found by the request fuzzer: vLLM 0.32 answers 500 ("grammar rejected tokens [0]"), with a draft or without.
+    BadRequest("allowed-token-ids-with-a-grammar", COMP, {"prompt": "x = 1", "max_tokens": 8, "allowed_token_ids": [
+        57, 152], "response_format": {"type": "json_object"}}, r"allowed_token_ids with response_format"),
+    BadRequest("chat-allowed-token-ids-with-a-choice", CHAT, {"messages": HELLO, "max_tokens": 8, "allowed_token_ids": [
+        57, 152], "structured_outputs": {"choice": ["yes", "no"]}}, r"allowed_token_ids with structured_outputs"),
 ]
 
 

@@ -16,6 +16,8 @@ from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
 from tests.helpers.server import EXACT_PROFILE
 
+pytestmark = pytest.mark.xdist_group("keyed-server")  # its tests share the module's keyed server: one worker
+
 # --- the real server with a key ------------------------------------------------------------------------------------
 COMPLETION = {"prompt": "def main(", "max_tokens": 4, "temperature": 0}
 

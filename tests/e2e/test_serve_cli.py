@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+import requests
 
 from kimi_eagle.processes import free_port
 from tests.helpers.cli import CLI
@@ -52,3 +53,29 @@ def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) ->
         if process.poll() is None:
             process.kill()
 
+
+
+@pytest.mark.e2e
+def test_an_engine_fault_while_serving_is_reported_by_its_root_cause(tmp_path) -> None:
+    """vLLM's upstream CPU top-k crash, let through by the fault knob: the API server answers 500 "EngineCore
+    encountered an issue" and exits; `kimi-eagle serve` says what the engine's log says went wrong, and fails."""
+    port = free_port()
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("w") as err:
+        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True,
+                                   env={**os.environ, "KIMI_EAGLE_FAULT": "upstream-top-k"})
+    try:
+        ready_line = next((line for line in process.stdout if line.startswith("Ready in")), "")
+        assert ready_line, stderr.read_text()[-3000:]
+        answer = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+            "model": "tiny-kimi-k25", "prompt": "The history of the river", "max_tokens": 32, "temperature": 0.8,
+            "top_k": 50})
+        assert answer.status_code == 500, f"the fault knob should crash the engine; got {answer.status_code}"
+        assert process.wait(timeout=120) != 0, "an engine that died while serving should fail `kimi-eagle serve`"
+        report = next((line for line in stderr.read_text().splitlines()
+                       if line.startswith("vLLM exited with code")), "")
+        assert "while serving; root cause: RuntimeError: max(): Expected reduction dim" in report, report
+        assert "(in vLLM's EngineCore process)" in report, report
+    finally:
+        if process.poll() is None:
+            process.kill()

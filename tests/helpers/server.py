@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 # The profile of the session's servers: the default pair in float32, where speculation must give the target's own
 # greedy output token for token (the default profile, tiny-cpu, serves it in bfloat16: faster, not exact).
 EXACT_PROFILE = "tiny-cpu-exact"
+DEFAULT_PROFILE = "tiny-cpu"  # what `make serve` starts
 
 # A prompt whose greedy continuation any corruption of the engine's state would change.
 REFERENCE_PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("

@@ -11,8 +11,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
+from tests.helpers.cli import DATA
+
+RECORDED_FAULT = DATA / "vllm-0.32-cpu-engine-fault.txt"
 
 # The shape of vLLM 0.32's output when a worker fails (tests/data/vllm-0.32-cpu-start-failure.txt has a real one).
 FAILING_SERVER = (
@@ -84,3 +88,32 @@ def test_what_the_server_printed_while_the_checks_ran_is_shown_once_they_pass(
                             check_while_starting=pass_once_the_server_has_printed_everything)
     err = capsys.readouterr().err
     assert "non-default args" in err and err.rstrip().endswith("See root cause above.")
+
+
+def test_a_server_that_dies_while_serving_is_reported_by_its_engines_root_cause(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.32's API server exits once its engine died, and its last words are "EngineCore encountered an issue";
+    the recorded log of a real engine fault (tests/data/vllm-0.32-cpu-engine-fault.txt) is what this server prints
+    after its first health check."""
+    port = free_port()
+    server = (
+        "import http.server, sys\n"
+        f"recorded = open({str(RECORDED_FAULT)!r}).read()\n"
+        "class Health(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "        print(recorded, flush=True); self.server.dead = True\n"
+        "    def log_message(self, *args): pass\n"
+        f"httpd = http.server.HTTPServer(('127.0.0.1', {port}), Health); httpd.dead = False\n"
+        "while not httpd.dead:\n"
+        "    httpd.handle_request()\n"
+    )
+    command = ServeCommand(argv=[sys.executable, "-c", server], env={}, url=f"http://127.0.0.1:{port}",
+                           served_model_name="m", target="t", draft=None)
+    assert serve_in_foreground(command, "vLLM", ready_timeout_s=60) == 1  # it exited with 0, as vLLM's does
+    report = capsys.readouterr().err.strip().splitlines()
+    report = [line for line in report if line.startswith("vLLM exited")]
+    assert report and report[0].startswith(
+        "vLLM exited with code 0 while serving; root cause: RuntimeError: max(): Expected reduction dim to be "
+        "specified for input.numel() == 0."), report
+    assert report[0].endswith("(in vLLM's EngineCore process)"), report
