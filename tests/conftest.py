@@ -38,6 +38,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist 3.8 groups tests by renaming each test's `_nodeid`, which pytest 9 no longer reads (its node id is
+    built from `Node._id`): there `--dist loadgroup` would spread the tests of one server over both workers, each
+    starting its own copy, without a word. pyproject.toml pins pytest 8."""
+    if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple >= (9,):
+        raise pytest.UsageError(f"--dist loadgroup does not group tests under pytest {pytest.__version__} with "
+                                "pytest-xdist 3.8 (pytest 9 ignores the node ids it writes): install pytest 8 "
+                                "(`make setup` does) or run without -n")
+
+
 def _serve(tmp_dir: Path, name: str, env: dict[str, str] | None = None, profile: str = EXACT_PROFILE,
            **overrides) -> Iterator[Server]:
     command = build_command(load_profile(profile), port=free_port(), **overrides)

@@ -43,6 +43,8 @@ def test_request_option_is_kept_under_speculation(profile: str, option: Option, 
     assert with_draft.status == alone.status, (
         f"{option.name}: HTTP {with_draft.status} with the draft, {alone.status} for the target alone: "
         f"{with_draft.error or alone.error}")
+    print(f"parity | {option.name} | {profile} | " + ("kept" if alone.status == 200 else
+                                                      f"refused by both: {alone.status} {alone.error[:120]}"))
     if alone.status != 200:
         return  # refused by the target alone too: the same 4xx is the answer a client gets without speculation
     for name, answer in (("with the draft", with_draft), ("target alone", alone)):
