@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+from kimi_eagle import envs
 from kimi_eagle.adapter import compat
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
@@ -72,6 +73,36 @@ def enable_correct_expand() -> None:
     cpu_triton_utils._expand_kernel_impl = expand_kernel
 
 
+_upstream_top_k_only = None
+
+
+def top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """vLLM's top-k without sorting, which takes `k.max()` and so fails on zero rows. With a draft configured vLLM
+    sends every step through the rejection sampler, and a step in which no request has draft tokens (a prefill, the
+    first decode) gives it none to verify: on a CPU, which has no Triton, one request with `top_k` at T > 0 then
+    raised inside the engine core and the server exited. Nothing to mask in zero rows."""
+    if logits.shape[0] == 0:
+        return logits
+    return _upstream_top_k_only(logits, k)
+
+
+def upstream_top_k_only():
+    """vLLM's own top-k-only mask, whether or not the fix has replaced it (tests show why the fix exists)."""
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    return _upstream_top_k_only or topk_topp_sampler.apply_top_k_only
+
+
+def enable_top_k_on_empty_verification() -> None:
+    global _upstream_top_k_only
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    # `apply_top_k_top_p_pytorch` looks the name up in its module at each call, so replacing it there is enough.
+    if topk_topp_sampler.apply_top_k_only is not top_k_only:
+        _upstream_top_k_only = topk_topp_sampler.apply_top_k_only
+    topk_topp_sampler.apply_top_k_only = top_k_only
+
+
 def verify_draft_tokens_on_the_mla_decode_kernel() -> None:
     """CPU_MLA and AMX_MLA send every verification step (1 + k tokens per request) down their prefill paths; the
     overrides (`adapter/cpu_mla_spec_decode.py`, through vLLM's backend registry) run them on the decode kernels."""
@@ -89,5 +120,9 @@ def apply() -> bool:
         return False
     enable_block_size_16()
     enable_correct_expand()
+    if envs.fault() == "upstream-top-k":  # a real engine fault for the tests of how a fault is reported
+        logger.warning("kimi-eagle: FAULT INJECTION %s=upstream-top-k: vLLM's own CPU top-k", envs.FAULT.name)
+    else:
+        enable_top_k_on_empty_verification()
     verify_draft_tokens_on_the_mla_decode_kernel()
     return True

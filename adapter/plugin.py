@@ -17,9 +17,10 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from kimi_eagle.adapter import compile_cache, cpu_fixes, cpu_layout, draft_bypass, mla_draft
+    from kimi_eagle.adapter import compile_cache, cpu_fixes, cpu_layout, draft_bypass, mla_draft, spec_sampling
 
     cpu_fixes.apply()
+    spec_sampling.install()  # logit_bias and min_p under speculation, as the target alone applies them
     mla_draft.install()  # MLA drafts (lightseekorg/kimi-k2.5-eagle3-mla's layout) load as they are on disk
     cpu_layout.install()
     draft_bypass.install()  # steps with k=0 skip the draft; with the runtime checks on, the fail-safe too

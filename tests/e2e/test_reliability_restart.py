@@ -1,7 +1,7 @@
 """The server restarts in the middle of a load test: the load test counts the failures, carries on once the server
 is back, and leaves whole result files (written atomically: no half-written summary, no temporary leftovers).
 
-    KIMI_EAGLE_RESTART_TEST=1 .venv/bin/python -m pytest tests/test_reliability_restart.py -m e2e -s
+    KIMI_EAGLE_RESTART_TEST=1 .venv/bin/python -m pytest tests/e2e/test_reliability_restart.py -s
 
 The restarted server is the shared `spec_server` itself, stopped and started again with the same command, port and
 log (one engine start instead of two for a server of its own). It serves the tests that follow; the session

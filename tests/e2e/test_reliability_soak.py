@@ -2,7 +2,7 @@
 the server's memory flat, acceptance steady over the run.
 
 CI runs the short variant (4 users, 60 s). The long one (16 users, 10 minutes, about 12 minutes in all) is opt-in:
-    KIMI_EAGLE_LONG_SOAK=1 .venv/bin/python -m pytest tests/test_reliability_soak.py -m e2e -s
+    KIMI_EAGLE_LONG_SOAK=1 .venv/bin/python -m pytest tests/e2e/test_reliability_soak.py -s
 """
 
 

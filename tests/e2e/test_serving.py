@@ -66,8 +66,8 @@ def complete(server: Server, prompts: list[str], max_tokens: int, temperature: f
 
 def test_engine_starts_with_draft_and_aux_layers(spec_server: Server) -> None:
     log = spec_server.log.read_text()
-    assert "Using auxiliary layers from speculative config: (2, 4, 6)" in log
-    assert "EAGLE drafter KV cache initialized" in log
+    assert "Using auxiliary layers from speculative config: (2, 4, 6)" in log, "no aux layers 2, 4, 6 captured"
+    assert "EAGLE drafter KV cache initialized" in log, "the draft got no KV cache: is it loaded?"
     print(f"spec server healthy after {spec_server.ready_s:.0f}s")
 
 
@@ -76,14 +76,16 @@ def test_kv_cache_capacity_is_the_profiles_on_any_machine(spec_server: Server) -
     most 512 MiB / 14,848 bytes a token of target + draft (vLLM logged 36,096 tokens on an Intel machine with AMX,
     36,144 on an AMD EPYC without)."""
     log = spec_server.log.read_text()
-    assert "Explicitly set (0.5/" in log
+    assert "Explicitly set (0.5/" in log, "the KV cache was not sized by --kv-cache-memory-bytes (0.5 GiB)"
     found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
     assert found, "vLLM logged no KV cache size"
-    assert 16 * 2048 <= int(found.group(1).replace(",", "")) <= (512 << 20) // 14_848
+    tokens = int(found.group(1).replace(",", ""))
+    assert 16 * 2048 <= tokens <= (512 << 20) // 14_848, f"KV cache of {tokens} tokens, outside the profile's bounds"
 
 
 def test_models_endpoint(spec_server: Server) -> None:
-    assert [m.id for m in client(spec_server).models.list()] == [spec_server.model]
+    served = [m.id for m in client(spec_server).models.list()]
+    assert served == [spec_server.model], f"/v1/models lists {served}, not the profile's {spec_server.model}"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -98,8 +100,8 @@ def test_completions(spec_server: Server, stream: bool) -> None:
     else:
         response = client(spec_server).completions.create(**kwargs)
         text, usage = response.choices[0].text, response.usage
-    assert text.strip()
-    assert usage.completion_tokens == 24
+    assert text.strip(), "an empty completion"
+    assert usage.completion_tokens == 24, f"usage says {usage.completion_tokens} tokens, 24 asked for (ignore_eos)"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -115,15 +117,15 @@ def test_chat_completions(spec_server: Server, stream: bool) -> None:
     else:
         response = client(spec_server).chat.completions.create(**kwargs)
         text, usage = response.choices[0].message.content, response.usage
-    assert text.strip()
-    assert usage.completion_tokens == 24
+    assert text.strip(), "an empty chat answer"
+    assert usage.completion_tokens == 24, f"usage says {usage.completion_tokens} tokens, 24 asked for (ignore_eos)"
 
 
 def test_metrics_show_drafted_and_accepted_tokens(spec_server: Server) -> None:
     complete(spec_server, HELDOUT[:2], max_tokens=32, temperature=0)
     counters = spec_counters(spec_server)
-    assert counters["num_draft_tokens"] > 0
-    assert counters["num_accepted_tokens"] > 0
+    assert counters["num_draft_tokens"] > 0, f"no drafted tokens on /metrics: {counters}"
+    assert counters["num_accepted_tokens"] > 0, f"no accepted tokens on /metrics: {counters}"
 
 
 def test_greedy_acceptance_and_text_diversity_on_heldout_prompts(spec_server: Server) -> None:
@@ -133,8 +135,9 @@ def test_greedy_acceptance_and_text_diversity_on_heldout_prompts(spec_server: Se
     diversity = float(np.mean([distinct_bigram_ratio(o) for o in outputs]))
     print(f"T=0, k={K}, {len(HELDOUT)} held-out prompts x 128 tokens: mean acceptance length {mean_length:.2f}, "
           f"per position {[round(p, 3) for p in per_position]}; distinct-bigram ratio {diversity:.3f}")
-    assert mean_length >= 2.5
-    assert diversity >= 0.4  # loops would make speculation look better than it is
+    assert mean_length >= 2.5, f"greedy mean acceptance length {mean_length:.2f}, expected >= 2.5"
+    # loops would make speculation look better than it is
+    assert diversity >= 0.4, f"distinct-bigram ratio {diversity:.3f}: the output loops"
 
 
 def test_speculation_does_not_change_greedy_output(spec_server: Server, plain_server: Server) -> None:
@@ -143,7 +146,7 @@ def test_speculation_does_not_change_greedy_output(spec_server: Server, plain_se
     same_prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x))
                    for x, y in zip(with_draft, without)]
     print(f"identical leading tokens per prompt (of 64): {same_prefix}")
-    assert min(same_prefix) >= 32
+    assert min(same_prefix) >= 32, f"greedy output parts from the target alone's before token 32: {same_prefix}"
 
 
 def test_low_temperature_acceptance_matches_greedy(spec_server: Server) -> None:
@@ -153,7 +156,7 @@ def test_low_temperature_acceptance_matches_greedy(spec_server: Server) -> None:
     complete(spec_server, HELDOUT, max_tokens=128, temperature=0.01, seed=7)
     cold, _ = acceptance_between(middle, spec_counters(spec_server))
     print(f"mean acceptance length: T=0 {greedy:.2f}, T=0.01 {cold:.2f}")
-    assert abs(cold - greedy) <= 0.10 * greedy
+    assert abs(cold - greedy) <= 0.10 * greedy, f"acceptance at T=0.01 {cold:.2f} is not T=0's {greedy:.2f}"
 
 
 def test_t1_acceptance_follows_target_probabilities(sampling_server: Server) -> None:
@@ -168,7 +171,8 @@ def test_t1_acceptance_follows_target_probabilities(sampling_server: Server) -> 
     outputs = complete(sampling_server, prompts, max_tokens=128, temperature=1.0, seed=11, n=4)
     after = spec_counters(sampling_server)
     # Drafting all the way: about 4 x 8 x 128 / (1 + accepted) steps, every one with a draft.
-    assert after["num_drafts"] - before["num_drafts"] >= 4 * 8 * 128 / 2
+    drafts = after["num_drafts"] - before["num_drafts"]
+    assert drafts >= 4 * 8 * 128 / 2, f"only {drafts:.0f} drafts at T=1: the draft was not run throughout"
     measured_length, measured = acceptance_between(before, after)
     tokenizer = load_tokenizer(TARGET_DIR)
     prompt_ids = [tokenizer.encode(p).ids for p in prompts for _ in range(4)]
@@ -179,8 +183,9 @@ def test_t1_acceptance_follows_target_probabilities(sampling_server: Server) -> 
                                      steps=K, anchors=384)
     print(f"T=1 per-position acceptance: measured {[round(x, 3) for x in measured]} "
           f"(mean length {measured_length:.2f}), predicted {[round(x, 3) for x in predicted]}")
-    for got, want in zip(measured, predicted):
-        assert abs(got - want) <= 0.03  # the CPU expand fault gives 0 accepted: 0.09 off at position 1
+    for position, (got, want) in enumerate(zip(measured, predicted), start=1):
+        # the CPU expand fault gives 0 accepted: 0.09 off at position 1
+        assert abs(got - want) <= 0.03, f"T=1 acceptance at position {position}: {got:.3f}, predicted {want:.3f}"
 
 
 @pytest.mark.parametrize("filtering", [{}, {"min_p": 0.3}], ids=["plain-sampling", "min_p"])
@@ -196,7 +201,8 @@ def test_t1_samples_follow_the_target_distribution(sampling_server: Server, plai
             samples[name] += [tuple(o[1:4]) for o in complete(server, prompt, max_tokens=4, temperature=1.0,
                                                               seed=1000 * seed, n=64, **filtering)]
     # 384 samples, each drafted at least once after its first token: else this compares the target with itself.
-    assert spec_counters(sampling_server)["num_drafts"] - before["num_drafts"] >= 384
+    drafts = spec_counters(sampling_server)["num_drafts"] - before["num_drafts"]
+    assert drafts >= 384, f"only {drafts:.0f} drafts for 384 samples: the target was compared with itself"
     for position in range(3):
         counts = {name: Counter(s[position] for s in rows) for name, rows in samples.items()}
         common = [t for t, _ in (counts["spec"] + counts["plain"]).most_common(12)]
@@ -204,5 +210,6 @@ def test_t1_samples_follow_the_target_distribution(sampling_server: Server, plai
                  for name in ("spec", "plain")]
         p_value = chi2_contingency(np.array(table) + 0).pvalue
         print(f"generated token {position + 2}: chi-square p = {p_value:.3f}")
-        assert p_value > 0.001
+        assert p_value > 0.001, (f"token {position + 2} sampled with the draft {filtering or ''} does not follow the "
+                                 f"target alone's distribution (chi-square p = {p_value:.2g})")
 
