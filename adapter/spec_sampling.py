@@ -18,13 +18,10 @@ elsewhere the refusal stays and says that `--no-draft` serves the parameter.
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 
 from kimi_eagle.adapter import compat
-
-logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
 NO_DRAFT_HINT = ("this server speculates with a draft, and this vLLM cannot apply {names} exactly under speculation; "
                  "`kimi-eagle serve PROFILE --no-draft` serves the target alone, which applies {them}")
