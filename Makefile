@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kimi-eagle-installed
 PROFILE ?= tiny-cpu
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup serve test lint loadtest ab bench clean-venv
+.PHONY: setup serve test lint loadtest ab bench guidellm bench-guidellm clean-venv
 
 setup: $(STAMP)
 
@@ -49,6 +49,21 @@ ab: setup
 
 bench: setup
 	$(VENV)/bin/kimi-eagle bench $(ARGS)
+
+# GuideLLM, the vLLM project's benchmark, as an optional peer: a virtual environment of its own, because it would
+# take click and multidict below the versions requirements/cpu.lock pins for vLLM. `make bench-guidellm` runs it beside kimi-eagle loadtest (bench/guidellm.py).
+GUIDELLM_VENV ?= .venv-guidellm
+GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed
+
+guidellm: $(GUIDELLM_STAMP)
+
+$(GUIDELLM_STAMP): requirements/guidellm.txt
+	test -x $(GUIDELLM_VENV)/bin/python || $(BOOT_PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q -r requirements/guidellm.txt
+	touch $(GUIDELLM_STAMP)
+
+bench-guidellm: setup guidellm
+	KIMI_EAGLE_GUIDELLM=$(GUIDELLM_VENV)/bin/guidellm $(VENV)/bin/kimi-eagle bench --guidellm $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

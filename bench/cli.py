@@ -41,11 +41,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "1, 2, 4, 8, 16 and max-num-seqs in flight, one server at a time; the best k per batch-size "
                         "range (0 where speculation loses) becomes a `num_speculative_tokens_per_batch_size` "
                         "schedule, then measured side by side with the target alone and the fixed k it beat, and "
-                        "across a schedule boundary (about 20 minutes; with --quick, k=1 and 3 at 1 and 4, 4 minutes)")
+                        "across a schedule boundary (about 20 minutes; with --quick, k=3 at 1 and 4, 3 minutes)")
     p.add_argument("--bypass", action="store_true",
                    help="instead: what the draft fail-safe buys on a random-weight copy of the profile's draft: the "
-                        "target alone, that draft with the fail-safe off, and on, at 1 and 4 in flight, one server at "
-                        "a time, and how long after the load began it bypassed the draft (about 5 minutes)")
+                        "target alone, that draft with the fail-safe off, and on, at 1, 4 and 16 in flight, streamed "
+                        "and not, at T 1, the three servers up together and loaded one at a time, and how long after "
+                        "the load began it bypassed the draft (about 12 minutes)")
+    p.add_argument("--guidellm", action="store_true",
+                   help="instead: GuideLLM (installed apart by `make guidellm`) beside kimi-eagle loadtest against the "
+                        "profile and against --no-draft, one server at a time: GuideLLM's synthetic prompts and the "
+                        "held-out prompts (both tools), at T 1 and 0, 1 and 4 streams (about 12 minutes; with "
+                        "--quick, T 1 and 1 stream, 2 minutes)")
     p.add_argument("--startup", action="store_true",
                    help="instead: how long `kimi-eagle serve PROFILE` (what `make serve` runs) takes to its Ready "
                         "line: each round with an empty compile cache of its own, a first start (nothing compiled) "
@@ -75,7 +81,7 @@ def _command_line(args: argparse.Namespace) -> str:
     """The command as typed, rebuilt from the parsed options (also right when called from Python)."""
     words = ["kimi-eagle", "bench", *(["--configs"] if args.configs else []), *(["--tune"] if args.tune else []),
              *(["--bypass"] if args.bypass else []), *(["--startup"] if args.startup else []),
-             *(["--quick"] if args.quick else [])]
+             *(["--guidellm"] if args.guidellm else []), *(["--quick"] if args.quick else [])]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
     if args.dtype is not None:
@@ -116,6 +122,7 @@ def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, p
     """Run one of the one-server-at-a-time modes (configs, tune, bypass, startup) and write its results; returns the
     result and its JSON path, or an exit code when it could not run."""
     from kimi_eagle.bench.client import BenchRequestError
+    from kimi_eagle.bench.guidellm import GuideLLMRunError
     from kimi_eagle.loadtest.files import write_atomic, write_model
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.launch import ServerStartError
@@ -126,7 +133,7 @@ def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, p
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         result = bench.run()
-    except (ServerStartError, BenchRequestError, CommandError) as exc:
+    except (ServerStartError, BenchRequestError, CommandError, GuideLLMRunError) as exc:
         return fail("bench", str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -199,8 +206,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
     if args.rounds is not None and (not args.configs or args.rounds < 1):
         return fail("bench", "--rounds N (N >= 1) goes with --configs")
-    if sum((args.configs, args.tune, args.bypass, args.startup)) > 1:
-        return fail("bench", "--configs, --tune, --bypass and --startup are different runs: give one")
+    if sum((args.configs, args.tune, args.bypass, args.startup, args.guidellm)) > 1:
+        return fail("bench", "--configs, --tune, --bypass, --startup and --guidellm are different runs: give one")
     if args.dtype is not None and not args.configs:
         return fail("bench", "--dtype goes with --configs")
     if args.write_profile and not args.tune:
@@ -227,6 +234,14 @@ def run_bench(args: argparse.Namespace) -> int:
         from kimi_eagle.bench import startup
 
         return _run_plain_mode(startup, startup.StartupBench, args, profile, prompts, stamp, console)
+    if args.guidellm:
+        from kimi_eagle.bench import guidellm
+
+        try:
+            guidellm.find_guidellm()
+        except guidellm.GuideLLMMissingError as exc:
+            return fail("bench", str(exc))
+        return _run_plain_mode(guidellm, guidellm.GuideLLMBench, args, profile, prompts, stamp, console)
     name = f"{plan.mode}-{stamp}"
     bench = Bench(plan, profile, target=args.target, draft=args.draft, prompts=prompts, prompts_file=prompts_file,
                   files_dir=args.out / f"{name}-files", command_line=_command_line(args), say=console.print)

@@ -53,9 +53,9 @@ class Completion(NamedTuple):
 
 class BenchClient:
     def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float = 600.0, *,
-                 stream: bool = False) -> None:
+                 stream: bool = False, temperature: float = 0.0) -> None:
         self.url, self.model, self.max_tokens, self.timeout_s = url, model, max_tokens, timeout_s
-        self.stream = stream
+        self.stream, self.temperature = stream, temperature
         self._local = threading.local()
         self._engine = get_engine("vllm", url)
 
@@ -65,9 +65,10 @@ class BenchClient:
         return self._local.session
 
     def complete(self, prompt: str, max_tokens: int | None = None) -> Completion:
-        """One greedy completion, its tokens counted by the server's usage."""
+        """One completion (greedy unless the client was given a temperature), its tokens counted by the server's
+        usage."""
         wanted = max_tokens or self.max_tokens
-        body = {"model": self.model, "prompt": prompt, "max_tokens": wanted, "temperature": 0,
+        body = {"model": self.model, "prompt": prompt, "max_tokens": wanted, "temperature": self.temperature,
                 "ignore_eos": True, "return_token_ids": True}
         if self.stream:
             body |= {"stream": True, "stream_options": {"include_usage": True}}

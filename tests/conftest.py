@@ -21,7 +21,7 @@ RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
 # go to one worker, so that each of those servers starts once in the session and memory holds one copy of each: a
 # test's group is named by the shared servers it uses. A module whose tests share a server of its own names its group
 # (`pytestmark`), and a test that picks its servers by parameter marks each parameter.
-SERVER_GROUPS = {"spec_server": "exact", "plain_server": "exact", "sampling_server": "exact",
+SERVER_GROUPS = {"spec_server": "exact", "plain_server": "exact",
                  "default_server": "default", "default_plain_server": "default"}
 
 
@@ -61,16 +61,6 @@ def _serve(tmp_dir: Path, name: str, env: dict[str, str] | None = None, profile:
 def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The exactness profile: tiny Kimi-K2.5 target + trained EAGLE-3 draft, k=3, float32."""
     yield from _serve(tmp_path_factory.mktemp("spec"), "spec")
-
-
-@pytest.fixture(scope="module")
-def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The exactness profile with the draft fail-safe off, for the tests of speculative sampling at T=1. At T=1 this
-    tiny target accepts about 4% of drafted tokens, below the fail-safe's 5%: on the shared server the fail-safe
-    would rightly bypass the draft within the first of them, the next would sample the target alone and pass without
-    testing speculation, and every later test on that server would inherit a bypassed draft. Module-scoped: it
-    stops when the T=1 tests are done."""
-    yield from _serve(tmp_path_factory.mktemp("sampling"), "sampling", env={"KIMI_EAGLE_BYPASS": "0"})
 
 
 @pytest.fixture(scope="session")

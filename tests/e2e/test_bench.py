@@ -123,7 +123,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
     result = TuneResult.model_validate_json(json_path.read_text())
     assert result.max_num_seqs == 16
     assert {p.concurrency for p in result.sweep} == {*TUNE_QUICK.concurrency, 16}
-    assert {p.config for p in result.sweep} == {"alone", "k=1", "k=3"}
+    assert {p.config for p in result.sweep} == {"alone", *(f"k={k}" for k in TUNE_QUICK.ks)}, "the sweep's servers"
     assert all(p.tokens_per_s.min > 0 and p.tokens_per_s.n == TUNE_QUICK.rounds for p in result.sweep)
     assert result.verdict in done.stdout
     if result.schedule is None:  # possible on a machine where the draft never pays: then nothing is written
@@ -178,4 +178,30 @@ def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path
     assert (first.start, first.cache_files_before) == ("first", 0)
     assert second.start == "second" and second.cache_files_before > 0
     assert second.seconds_to_ready < first.seconds_to_ready
+    assert result.verdict in done.stdout
+
+
+def test_quick_guidellm_benchmark_puts_both_tools_side_by_side(tmp_path: Path) -> None:
+    """`bench --guidellm --quick`: GuideLLM (the optional peer, `make guidellm`) and the load test on the profile and
+    on --no-draft, each row read back from the tools' own files."""
+    from kimi_eagle.bench import guidellm
+
+    try:
+        guidellm.find_guidellm()
+    except guidellm.GuideLLMMissingError as exc:
+        pytest.skip(f"optional: {exc}")
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--guidellm", "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [json_path] = tmp_path.glob("guidellm-quick-*.json")
+    result = guidellm.GuideLLMResult.model_validate_json(json_path.read_text())
+    plan = guidellm.QUICK
+    expected = {(c, t, s, d) for c in guidellm.CONFIGS for t in plan.temperatures for s in plan.streams
+                for d in ("synthetic", "held-out")}
+    assert {(r.config, r.temperature, r.streams, r.data) for r in result.rows} == expected
+    for row in result.rows:
+        assert row.guidellm.output_tokens_per_s > 0 and row.guidellm.requests > 0, f"GuideLLM measured nothing: {row}"
+        assert (row.loadtest is not None) == (row.data == "held-out"), f"the load test runs the held-out rows: {row}"
+        if row.loadtest:
+            assert row.loadtest.output_tokens_per_s > 0, f"the load test measured nothing: {row}"
     assert result.verdict in done.stdout

@@ -159,21 +159,23 @@ def test_low_temperature_acceptance_matches_greedy(spec_server: Server) -> None:
     assert abs(cold - greedy) <= 0.10 * greedy, f"acceptance at T=0.01 {cold:.2f} is not T=0's {greedy:.2f}"
 
 
-def test_t1_acceptance_follows_target_probabilities(sampling_server: Server) -> None:
-    """At T=1 each position should be accepted at the rate the target's own probabilities predict."""
+def test_t1_acceptance_follows_target_probabilities_and_pays(spec_server: Server) -> None:
+    """At T=1 each position should be accepted at the rate the target's own probabilities predict, and the pair is
+    peaked enough there for the draft to pay (pair_spec.TARGET_LOGIT_SCALE)."""
     from kimi_eagle.fixtures.acceptance_model import predicted_acceptance
     from kimi_eagle.fixtures.pair_spec import AUX_LAYER_IDS, DRAFT_DIR, TARGET_DIR
     from kimi_eagle.fixtures.tokenizer import load_tokenizer
     from kimi_eagle.torch_pair import load_draft_model, load_target_model
 
     prompts = HELDOUT[:8]
-    before = spec_counters(sampling_server)
-    outputs = complete(sampling_server, prompts, max_tokens=128, temperature=1.0, seed=11, n=4)
-    after = spec_counters(sampling_server)
-    # Drafting all the way: about 4 x 8 x 128 / (1 + accepted) steps, every one with a draft.
+    before = spec_counters(spec_server)
+    outputs = complete(spec_server, prompts, max_tokens=128, temperature=1.0, seed=11, n=4)
+    after = spec_counters(spec_server)
+    # Drafting all the way: every step drafts, and a step gives at most K + 1 tokens.
     drafts = after["num_drafts"] - before["num_drafts"]
-    assert drafts >= 4 * 8 * 128 / 2, f"only {drafts:.0f} drafts at T=1: the draft was not run throughout"
+    assert drafts >= 4 * 8 * 128 / (K + 1), f"only {drafts:.0f} drafts at T=1: the draft was not run throughout"
     measured_length, measured = acceptance_between(before, after)
+    diversity = float(np.mean([distinct_bigram_ratio(o) for o in outputs]))
     tokenizer = load_tokenizer(TARGET_DIR)
     prompt_ids = [tokenizer.encode(p).ids for p in prompts for _ in range(4)]
     sequences = [p + o for p, o in zip(prompt_ids, outputs)]
@@ -182,34 +184,42 @@ def test_t1_acceptance_follows_target_probabilities(sampling_server: Server) -> 
                                      AUX_LAYER_IDS, sequences, [len(p) for p in prompt_ids], temperature=1.0,
                                      steps=K, anchors=384)
     print(f"T=1 per-position acceptance: measured {[round(x, 3) for x in measured]} "
-          f"(mean length {measured_length:.2f}), predicted {[round(x, 3) for x in predicted]}")
+          f"(mean length {measured_length:.2f}), predicted {[round(x, 3) for x in predicted]}; distinct-bigram "
+          f"ratio {diversity:.3f}")
     for position, (got, want) in enumerate(zip(measured, predicted), start=1):
-        # the CPU expand fault gives 0 accepted: 0.09 off at position 1
-        assert abs(got - want) <= 0.03, f"T=1 acceptance at position {position}: {got:.3f}, predicted {want:.3f}"
+        # The CPU expand fault accepted nothing. The prediction averages 384 anchors of acceptance 0.4-0.8: its own
+        # standard error is up to 0.025, so 0.06 is about two and a half of them.
+        assert abs(got - want) <= 0.06, f"T=1 acceptance at position {position}: {got:.3f}, predicted {want:.3f}"
+    assert measured_length >= 2.5, f"T=1 mean acceptance length {measured_length:.2f}, expected >= 2.5 at k={K}"
+    assert diversity >= 0.4, f"distinct-bigram ratio {diversity:.3f} at T=1: the output loops"
 
 
-@pytest.mark.parametrize("filtering", [{}, {"min_p": 0.3}], ids=["plain-sampling", "min_p"])
-def test_t1_samples_follow_the_target_distribution(sampling_server: Server, plain_server: Server,
+@pytest.mark.parametrize("filtering", [{}, {"min_p": 0.05}], ids=["plain-sampling", "min_p"])
+def test_t1_samples_follow_the_target_distribution(spec_server: Server, plain_server: Server,
                                                    filtering: dict[str, float]) -> None:
     """Chi-square two-sample test on the 2nd..4th generated tokens (the ones speculation decides); with `min_p`,
     which vLLM 0.32 refuses under speculation and the plugin applies to every verified position."""
     prompt = [HELDOUT[1]]
     samples = {name: [] for name in ("spec", "plain")}
-    before = spec_counters(sampling_server)
-    for name, server in (("spec", sampling_server), ("plain", plain_server)):
+    before = spec_counters(spec_server)
+    for name, server in (("spec", spec_server), ("plain", plain_server)):
         for seed in range(6):
             samples[name] += [tuple(o[1:4]) for o in complete(server, prompt, max_tokens=4, temperature=1.0,
                                                               seed=1000 * seed, n=64, **filtering)]
     # 384 samples, each drafted at least once after its first token: else this compares the target with itself.
-    drafts = spec_counters(sampling_server)["num_drafts"] - before["num_drafts"]
+    drafts = spec_counters(spec_server)["num_drafts"] - before["num_drafts"]
     assert drafts >= 384, f"only {drafts:.0f} drafts for 384 samples: the target was compared with itself"
+    kinds = [len({s[position] for s in samples["plain"]}) for position in range(3)]
+    # With one or two tokens left at every position, any engine would pass: the comparison would test nothing.
+    assert max(kinds) >= 3, f"distinct tokens per position {kinds}: too few to compare distributions"
     for position in range(3):
         counts = {name: Counter(s[position] for s in rows) for name, rows in samples.items()}
         common = [t for t, _ in (counts["spec"] + counts["plain"]).most_common(12)]
         table = [[counts[name][t] for t in common] + [sum(counts[name].values()) - sum(counts[name][t] for t in common)]
                  for name in ("spec", "plain")]
-        p_value = chi2_contingency(np.array(table) + 0).pvalue
-        print(f"generated token {position + 2}: chi-square p = {p_value:.3f}")
+        table = np.array(table)
+        p_value = chi2_contingency(table[:, table.sum(axis=0) > 0]).pvalue  # a peaked target may leave no "other"
+        print(f"generated token {position + 2} ({kinds[position]} distinct): chi-square p = {p_value:.3f}")
         assert p_value > 0.001, (f"token {position + 2} sampled with the draft {filtering or ''} does not follow the "
                                  f"target alone's distribution (chi-square p = {p_value:.2g})")
 

@@ -1,0 +1,276 @@
+"""`kimi-eagle bench --guidellm`: GuideLLM, the vLLM project's benchmark, beside `kimi-eagle loadtest`.
+
+Two servers, one at a time: the profile as `make serve` starts it, and the same profile with `--no-draft`. On each,
+for every temperature and number of streams of the plan: GuideLLM on its own synthetic prompts, GuideLLM on the
+held-out prompts, and `kimi-eagle loadtest` on the same held-out prompts, each for the same seconds. Both tools read
+streamed answers; the held-out rows let the two be compared on one workload, the synthetic rows show what a user who
+runs GuideLLM as its README says would see.
+
+GuideLLM is an optional peer, not a dependency: GuideLLM 0.8.1 would take click and multidict back to versions below
+the ones requirements/cpu.lock pins for vLLM (8.4.2 for 8.5.1, 6.9.1 for 7.2.1: `pip install --dry-run`), so it
+lives in a virtual environment of its own (`make guidellm`, `.venv-guidellm`), found here by `KIMI_EAGLE_GUIDELLM`
+or that folder, and runs as a program. Its request body carries the temperature explicitly:
+GuideLLM sends none by default, and vLLM then samples at 1.0 (the tiny target's generation config sets none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.run import machine_now
+from kimi_eagle.bench.servers import measured_server
+from kimi_eagle.processes import free_port
+from kimi_eagle.serve.command import build_command
+from kimi_eagle.serve.profile import Profile, resolve_model_path
+
+GUIDELLM_ENV = "KIMI_EAGLE_GUIDELLM"
+GUIDELLM_VENV = Path(".venv-guidellm")
+CONFIGS = ("profile", "--no-draft")
+AGREEMENT = 0.15  # the two tools' tokens/s on one server and workload: farther apart than this is called out
+
+
+class GuideLLMMissingError(RuntimeError):
+    pass
+
+
+class GuideLLMRunError(RuntimeError):
+    pass
+
+
+class GuideLLMPlan(BaseModel):
+    mode: str
+    streams: list[int]
+    temperatures: list[float]
+    seconds: int = Field(ge=3, description="Of each measurement, GuideLLM's and the load test's alike.")
+    max_tokens: int = Field(ge=2, description="Output tokens of every request (ignore_eos).")
+    synthetic_prompt_tokens: int = Field(ge=1)
+
+
+FULL = GuideLLMPlan(mode="guidellm", streams=[1, 4], temperatures=[1.0, 0.0], seconds=20, max_tokens=128,
+                    synthetic_prompt_tokens=64)
+QUICK = GuideLLMPlan(mode="guidellm-quick", streams=[1], temperatures=[1.0], seconds=5, max_tokens=32,
+                     synthetic_prompt_tokens=64)
+
+
+class Figures(BaseModel):
+    output_tokens_per_s: float
+    itl_ms: float | None = Field(description="Mean inter-token latency.")
+    requests: int
+    client_cpu_s: float | None = Field(None, description="CPU seconds the tool's processes used: on a machine of "
+                                                         "few cores, the client competes with the server.")
+
+
+class Row(BaseModel):
+    config: str
+    temperature: float
+    streams: int
+    data: str = Field(description="`synthetic` (GuideLLM's) or `held-out` (the pair's held-out prompts).")
+    guidellm: Figures
+    loadtest: Figures | None = Field(None, description="`kimi-eagle loadtest` on the same server and prompts.")
+
+
+class GuideLLMResult(BaseModel):
+    command: str
+    started_utc: str
+    duration_s: float
+    machine: Machine
+    profile: str
+    guidellm_version: str
+    plan: GuideLLMPlan
+    rows: list[Row]
+    verdict: str
+
+
+def find_guidellm() -> Path:
+    """The `guidellm` program: `$KIMI_EAGLE_GUIDELLM`, else `.venv-guidellm/bin/guidellm`."""
+    wanted = os.environ.get(GUIDELLM_ENV)
+    path = Path(wanted) if wanted else GUIDELLM_VENV / "bin" / "guidellm"
+    if not path.is_file():
+        raise GuideLLMMissingError(f"GuideLLM is not installed ({path} does not exist): `make guidellm` installs it in "
+                              f"{GUIDELLM_VENV}/, apart from vLLM's environment (their pins differ), or set "
+                              f"{GUIDELLM_ENV} to a `guidellm` program")
+    return path
+
+
+def guidellm_version(program: Path) -> str:
+    done = subprocess.run([str(program), "--version"], capture_output=True, text=True, timeout=120)
+    return done.stdout.strip().rsplit(" ", 1)[-1] or "unknown"
+
+
+def guidellm_command(program: Path, *, url: str, model: str, tokenizer: Path, data: str, streams: int,
+                     seconds: int, temperature: float, out: Path) -> list[str]:
+    """A `guidellm run` of `streams` concurrent streams for `seconds` on `data` (a GuideLLM data argument)."""
+    return [str(program), "run",
+            "--backend", f"kind=openai_http,target={url},model={model},request_format=/v1/completions,"
+                         f"extras.body.temperature={temperature:g}",
+            "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
+            "--profile", f"kind=concurrent,streams=[{streams}]",
+            "--constraint", f"kind=max_duration,seconds={seconds}",
+            "--data", data, "--output", f"kind=json,path={out}", "--disable-progress"]
+
+
+def read_guidellm(path: Path) -> Figures:
+    """GuideLLM's figures as its console prints them: output tokens/s of all requests (its server throughput
+    table: the run ends mid-request, and that request's tokens count), inter-token latency of completed ones."""
+    [benchmark] = json.loads(path.read_text())["benchmarks"]
+    metrics = benchmark["metrics"]
+    return Figures(output_tokens_per_s=metrics["output_tokens_per_second"]["total"]["mean"],
+                   itl_ms=metrics["inter_token_latency_ms"]["successful"]["mean"],
+                   requests=metrics["request_totals"]["successful"])
+
+
+def read_loadtest(summary: Path) -> Figures:
+    data = json.loads(summary.read_text())
+    return Figures(output_tokens_per_s=data["throughput"]["output_tokens_per_s"],
+                   itl_ms=data["itl_per_token_ms"]["mean"], requests=data["requests"]["ok"])
+
+
+def heldout_jsonl(prompts: list[str], out: Path, *, output_tokens: int | None = None) -> Path:
+    """The prompts as a JSON-lines file: `{"prompt": ...}` a line, as the load test reads them; with
+    `output_tokens`, each line also carries GuideLLM's `output_tokens_count` (it asks for that many, ignore_eos)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"prompt": p} | ({"output_tokens_count": output_tokens} if output_tokens else {}) for p in prompts]
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return out
+
+
+class GuideLLMBench:
+    def __init__(self, plan: GuideLLMPlan, profile: Profile, *, target: str | None, draft: str | None,
+                 prompts: list[str], files_dir: Path, command_line: str, say: Callable[[str], None]) -> None:
+        self.program = find_guidellm()
+        self.plan, self.profile, self.target, self.draft = plan, profile, target, draft
+        self.files_dir, self.command_line, self.say = files_dir, command_line, say
+        self.heldout = heldout_jsonl(prompts, files_dir / "heldout.jsonl")
+        self.heldout_guidellm = heldout_jsonl(prompts, files_dir / "heldout-guidellm.jsonl",
+                                              output_tokens=plan.max_tokens)
+        self.tokenizer = Path(resolve_model_path(target or profile.target))
+
+    def run(self) -> GuideLLMResult:
+        started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        t0, load_before = time.perf_counter(), os.getloadavg()
+        rows: list[Row] = []
+        for config in CONFIGS:
+            rows += self._measure(config)
+        return GuideLLMResult(command=self.command_line, started_utc=started_utc,
+                              duration_s=time.perf_counter() - t0, machine=machine_now(load_before),
+                              profile=self.profile.name, guidellm_version=guidellm_version(self.program),
+                              plan=self.plan, rows=rows, verdict=verdict(rows))
+
+    def _measure(self, config: str) -> list[Row]:
+        command = build_command(self.profile, target=self.target, draft=self.draft, no_draft=config == "--no-draft",
+                                port=free_port())
+        log = self.files_dir / "logs" / f"{CONFIGS.index(config)}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        data = {"synthetic": f"kind=synthetic_text,prompt_tokens={self.plan.synthetic_prompt_tokens},"
+                             f"output_tokens={self.plan.max_tokens}",
+                "held-out": f"kind=json_file,path={self.heldout_guidellm}"}
+        rows = []
+        with measured_server(command, config=config, num_speculative_tokens=None, log=log) as live:
+            for temperature in self.plan.temperatures:
+                for streams in self.plan.streams:
+                    for name, argument in data.items():
+                        out = self.files_dir / f"{CONFIGS.index(config)}-t{temperature:g}-s{streams}-{name}.json"
+                        cpu = self._run([*guidellm_command(
+                            self.program, url=live.url, model=live.model, tokenizer=self.tokenizer, data=argument,
+                            streams=streams, seconds=self.plan.seconds, temperature=temperature, out=out)],
+                            out.with_suffix(".log"))
+                        row = Row(config=config, temperature=temperature, streams=streams, data=name,
+                                  guidellm=read_guidellm(out).model_copy(update={"client_cpu_s": cpu}))
+                        if name == "held-out":
+                            row.loadtest = self._loadtest(live.url, temperature, streams, out.with_suffix(""))
+                        rows.append(row)
+                        self.say(f"  {config}, T {temperature:g}, {streams} stream(s), {name}: GuideLLM "
+                                 f"{row.guidellm.output_tokens_per_s:.0f} tok/s"
+                                 + (f", kimi-eagle loadtest {row.loadtest.output_tokens_per_s:.0f} tok/s"
+                                    if row.loadtest else ""))
+        return rows
+
+    def _loadtest(self, url: str, temperature: float, streams: int, out: Path) -> Figures:
+        cpu = self._run([sys.executable, "-m", "kimi_eagle.cli", "loadtest", "--url", url, "--prompts",
+                         str(self.heldout), "--max-tokens", str(self.plan.max_tokens), "--temperature",
+                         f"{temperature:g}", "--users", str(streams), "--run-time", f"{self.plan.seconds}s", "--out",
+                         str(out)], out.with_suffix(".loadtest.log"))
+        return read_loadtest(out / "summary.json").model_copy(update={"client_cpu_s": cpu})
+
+    def _run(self, argv: list[str], log: Path) -> float:
+        """Run a tool to its end; the CPU seconds it and its children used."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        with log.open("w") as sink:
+            done = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, timeout=self.plan.seconds + 600)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            tail = log.read_text()[-1500:]
+            raise GuideLLMRunError(f"{Path(argv[0]).name} {' '.join(argv[1:3])} exited with {done.returncode} "
+                                   f"(log {log}):\n{tail}")
+        # Only children that ended count, so the server (still running) is not in it.
+        return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def ratio_to_no_draft(rows: list[Row], row: Row, tool: str) -> float | None:
+    alone = next((r for r in rows if r.config == "--no-draft" and (r.temperature, r.streams, r.data)
+                  == (row.temperature, row.streams, row.data)), None)
+    mine, theirs = getattr(row, tool), getattr(alone, tool, None) if alone else None
+    return mine.output_tokens_per_s / theirs.output_tokens_per_s if mine and theirs else None
+
+
+def verdict(rows: list[Row]) -> str:
+    parts = []
+    for row in rows:
+        if row.config != "profile":
+            continue
+        ratio = ratio_to_no_draft(rows, row, "guidellm")
+        if ratio is not None:
+            parts.append(f"T {row.temperature:g}, {row.streams} stream(s), {row.data}: {ratio:.2f}x --no-draft")
+    apart = [r for r in rows if r.loadtest and abs(r.guidellm.output_tokens_per_s / r.loadtest.output_tokens_per_s
+                                                    - 1) > AGREEMENT]
+    agree = f"GuideLLM and kimi-eagle loadtest within {AGREEMENT:.0%} of each other on every held-out row"
+    if apart:
+        agree = f"the two tools differ by more than {AGREEMENT:.0%} on {len(apart)} held-out row(s)"
+        cpu = [r.guidellm.client_cpu_s / r.loadtest.client_cpu_s for r in apart
+               if r.guidellm.client_cpu_s and r.loadtest.client_cpu_s]
+        if cpu:
+            # On a machine of few cores the client's CPU is the server's loss.
+            agree += (f" (there GuideLLM's client used {min(cpu):.1f}-{max(cpu):.1f}x the CPU of the load test's, "
+                      f"{os.cpu_count()} CPUs shared with the server)")
+    return "GuideLLM: the profile " + "; ".join(parts) + f"; {agree}"
+
+
+def markdown(result: GuideLLMResult) -> str:
+    lines = [f"# GuideLLM {result.guidellm_version} beside kimi-eagle loadtest, profile {result.profile}", "",
+             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
+             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
+             f"{result.plan.seconds} s per measurement, {result.plan.max_tokens} output tokens per request "
+             "(ignore_eos), streamed, one server at a time.", "",
+             "Output tokens/s (mean inter-token latency, ms; CPU seconds the client used); `x` is the ratio to the "
+             "same row with `--no-draft`.", "",
+             "| server | T | streams | prompts | GuideLLM | x | kimi-eagle loadtest | x | loadtest / GuideLLM |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(f: Figures | None) -> str:
+        if f is None:
+            return ""
+        details = [f"{f.itl_ms:.2f} ms" if f.itl_ms is not None else None,
+                   f"{f.client_cpu_s:.0f} CPU s" if f.client_cpu_s is not None else None]
+        shown = "; ".join(d for d in details if d)
+        return f"{f.output_tokens_per_s:.0f}" + (f" ({shown})" if shown else "")
+
+    def x(row: Row, tool: str) -> str:
+        ratio = ratio_to_no_draft(result.rows, row, tool) if row.config == "profile" else None
+        return "" if ratio is None else f"{ratio:.2f}"
+
+    for r in result.rows:
+        agreement = (f"{r.loadtest.output_tokens_per_s / r.guidellm.output_tokens_per_s:.2f}" if r.loadtest else "")
+        lines.append(f"| {r.config} | {r.temperature:g} | {r.streams} | {r.data} | {cell(r.guidellm)} | "
+                     f"{x(r, 'guidellm')} | {cell(r.loadtest)} | {x(r, 'loadtest')} | {agreement} |")
+    lines += ["", f"**{result.verdict}.**", ""]
+    return "\n".join(lines)
