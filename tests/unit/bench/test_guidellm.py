@@ -9,8 +9,9 @@ import pytest
 from kimi_eagle.bench import guidellm
 from kimi_eagle.bench.guidellm import Figures, Row
 from kimi_eagle.loadtest.prompts import load_prompts
+from tests.helpers.cli import DATA
 
-RECORDED = Path(__file__).resolve().parents[2] / "data" / "guidellm-0.8.1" / "concurrent-1-synthetic.json"
+RECORDED = DATA / "guidellm-0.8.1" / "concurrent-1-synthetic.json"
 
 
 def test_reads_what_guidellm_printed_for_a_real_run() -> None:
