@@ -131,6 +131,9 @@ BAD_REQUESTS = [
         57, 152], "response_format": {"type": "json_object"}}, r"allowed_token_ids with response_format"),
     BadRequest("chat-allowed-token-ids-with-a-choice", CHAT, {"messages": HELLO, "max_tokens": 8, "allowed_token_ids": [
         57, 152], "structured_outputs": {"choice": ["yes", "no"]}}, r"allowed_token_ids with structured_outputs"),
+    # Found by the request fuzzer: a 500 inside the stream about one time in four (prompt logprobs, first output only).
+    BadRequest("streamed-echo-logprobs-of-several-choices", COMP, {"prompt": "The value of", "max_tokens": 5, "n": 2,
+               "echo": True, "logprobs": 1, "stream": True, "temperature": 0.3}, r"echo with logprobs, streamed"),
 ]
 
 
