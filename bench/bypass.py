@@ -31,7 +31,7 @@ from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.configs import rotated
 from kimi_eagle.bench.plan import StreamsPlan
-from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.stats import Spread, spread
@@ -208,10 +208,10 @@ def verdict(points: list[BypassPoint], seconds: list[float | None]) -> str:
 def markdown(result: BypassResult) -> str:
     cs = result.plan.concurrency
     lines = [f"# The draft fail-safe on a random draft, profile {result.profile}", "",
-             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
-             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
-             f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, temperature "
-             f"{result.plan.temperature:g}), one server at a time, order rotated by round.", "",
+             run_line(result.command, result.started_utc, result.duration_s, result.machine)
+             + f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, temperature "
+             f"{result.plan.temperature:g}), the three servers up together and loaded one at a time, order rotated "
+             "by load and round.", "",
              "Output tokens/s, median [min-max]; then the ratio to the target alone, paired round by round.", "",
              "| configuration | read | " + " | ".join(f"{c} in flight" for c in cs) + " |",
              "|---" * (len(cs) + 2) + "|"]

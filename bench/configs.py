@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient, Sample
 from kimi_eagle.bench.plan import StreamsPlan
-from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now, summed_acceptance
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.stats import Spread, spread
@@ -238,9 +238,8 @@ def judge(points: list[ConfigPoint], plan: ConfigsPlan) -> tuple[str | None, str
 def markdown(result: ConfigsResult) -> str:
     loads = [p.name for p in result.plan.points]
     lines = [f"# Serving configurations of profile {result.profile}, side by side", "",
-             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
-             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
-             f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, greedy), "
+             run_line(result.command, result.started_utc, result.duration_s, result.machine)
+             + f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, greedy), "
              "one server at a time, configuration order rotated by round.", "",
              "Output tokens/s, median [min-max] over the rounds; for a draft configuration, then its ratio to the "
              "configuration without a draft that is fastest at that load (by median), paired round by round (median "

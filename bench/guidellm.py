@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.processes import free_port
@@ -247,9 +247,8 @@ def verdict(rows: list[Row]) -> str:
 
 def markdown(result: GuideLLMResult) -> str:
     lines = [f"# GuideLLM {result.guidellm_version} beside kimi-eagle loadtest, profile {result.profile}", "",
-             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
-             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
-             f"{result.plan.seconds} s per measurement, {result.plan.max_tokens} output tokens per request "
+             run_line(result.command, result.started_utc, result.duration_s, result.machine)
+             + f"{result.plan.seconds} s per measurement, {result.plan.max_tokens} output tokens per request "
              "(ignore_eos), streamed, one server at a time.", "",
              "Output tokens/s (mean inter-token latency, ms; CPU seconds the client used); `x` is the ratio to the "
              "same row with `--no-draft`.", "",

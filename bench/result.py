@@ -22,6 +22,12 @@ class Machine(BaseModel):
     torch_version: str | None
 
 
+def run_line(command: str, started_utc: str, duration_s: float, machine: Machine) -> str:
+    """The opening of every one-server-at-a-time mode's report: what ran, when, how long, on what."""
+    return (f"`{command}`, started {started_utc}, {duration_s / 60:.0f} min; {machine.cpu_model}, {machine.cpus} "
+            f"CPUs, vLLM {machine.vllm_version}; ")
+
+
 class AcceptanceFigures(BaseModel):
     """vLLM's counters summed over every spec sample of one point (deltas around each sample)."""
 

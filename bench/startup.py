@@ -24,7 +24,7 @@ import psutil
 import yaml
 from pydantic import BaseModel, Field
 
-from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.stats import Spread, spread
 from kimi_eagle.processes import free_port
@@ -153,9 +153,8 @@ def _seconds(s: Spread) -> str:
 
 def markdown(result: StartupResult) -> str:
     lines = [f"# Start-up of `kimi-eagle serve {result.profile}` to its Ready line", "",
-             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
-             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
-             f"{result.plan.rounds} rounds, each with an empty VLLM_CACHE_ROOT of its own: a first start with "
+             run_line(result.command, result.started_utc, result.duration_s, result.machine)
+             + f"{result.plan.rounds} rounds, each with an empty VLLM_CACHE_ROOT of its own: a first start with "
              "nothing compiled, then a second start with what the first saved.", "",
              "| round | start | seconds to Ready | files in the compile cache before |", "|---|---|---|---|"]
     lines += [f"| {s.round} | {s.start} | {s.seconds_to_ready:.1f} | {s.cache_files_before} |" for s in result.starts]

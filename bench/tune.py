@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.configs import rotated
 from kimi_eagle.bench.plan import StreamsPlan
-from kimi_eagle.bench.result import Machine
+from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.stats import Spread, spread
@@ -330,9 +330,8 @@ def markdown(result: TuneResult) -> str:
         return header + rows
 
     lines = [f"# Draft tokens by batch size for profile {result.profile}", "",
-             f"`{result.command}`, started {result.started_utc}, {result.duration_s / 60:.0f} min; "
-             f"{result.machine.cpu_model}, {result.machine.cpus} CPUs, vLLM {result.machine.vllm_version}; "
-             f"{result.plan.rounds} rounds in the sweep, {result.plan.proof_rounds} in the proof, "
+             run_line(result.command, result.started_utc, result.duration_s, result.machine)
+             + f"{result.plan.rounds} rounds in the sweep, {result.plan.proof_rounds} in the proof, "
              f"{result.plan.max_tokens} tokens per request (ignore_eos, "
              "greedy, not streamed), one server at a time, order rotated by round.", "",
              "## Sweep: output tokens/s, median [min-max]", "", *table(result.sweep), "",
