@@ -23,7 +23,7 @@ class Machine(BaseModel):
 
 
 def run_line(command: str, started_utc: str, duration_s: float, machine: Machine) -> str:
-    """The opening of every one-server-at-a-time mode's report: what ran, when, how long, on what."""
+    """The opening of the report of bypass, configs, guidellm, startup and tune: what ran, when, how long, on what."""
     return (f"`{command}`, started {started_utc}, {duration_s / 60:.0f} min; {machine.cpu_model}, {machine.cpus} "
             f"CPUs, vLLM {machine.vllm_version}; ")
 

@@ -119,6 +119,12 @@ def _grammar_and_allowed_tokens(data: object) -> str | None:
     return None
 
 
+def _requested_choices(data: object) -> int | None:
+    """The request's `n` when it is an integer (JSON `true` is not), else None: vLLM's own validation answers it."""
+    n = data.get("n") if isinstance(data, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
 def _streamed_echo_of_several_choices(data: object) -> bool:
     """A streamed completion with `echo`, `logprobs` and n > 1. vLLM 0.32 puts the prompt's logprobs in the first
     streamed output only (`completion/serving.py`, "Prompt details are excluded from later streamed outputs"); a
@@ -127,13 +133,13 @@ def _streamed_echo_of_several_choices(data: object) -> bool:
     on the default profile 11 of 40 times, 6 of 40 with --no-draft."""
     if not isinstance(data, dict) or not (data.get("stream") and data.get("echo")) or data.get("logprobs") is None:
         return False
-    n = data.get("n")
-    return isinstance(n, int) and not isinstance(n, bool) and n > 1
+    return (_requested_choices(data) or 1) > 1
 
 
 class RejectBadFields:
     """400 for a completion or chat request with a top-level field the server does not implement, a chat role the API
-    does not define, `allowed_token_ids` with a structured output, or an `n` above the server's limit."""
+    does not define, `allowed_token_ids` with a structured output, a streamed completion with echo, logprobs and n > 1,
+    or an `n` above the server's limit."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -181,8 +187,8 @@ class RejectBadFields:
                 send, 400, "echo with logprobs, streamed, with n > 1: vLLM 0.32 fails such a request (500) whenever "
                            "one choice's first tokens come after another's; send n 1, or stream false, or leave out "
                            "echo or logprobs", "BadRequestError", param="echo")
-        n = data.get("n") if isinstance(data, dict) else None
-        if isinstance(n, int) and not isinstance(n, bool) and n > self.max_n:
+        n = _requested_choices(data)
+        if n is not None and n > self.max_n:
             text = f"n must be at most {self.max_n}, got {n} (the server's {MAX_N_ENV}): ask for fewer"
             return await _send_error(send, 400, text, "BadRequestError", param="n")
         replayed = False
