@@ -18,6 +18,7 @@ import requests
 
 from kimi_eagle.processes import interrupts_deferred, sigterm_as_keyboard_interrupt
 from kimi_eagle.serve.command import ServeCommand
+from kimi_eagle.serve.cpu_binding import CpuBindingError, fit_to_allowed
 from kimi_eagle.serve.server_log import describe_failure
 
 
@@ -30,8 +31,15 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
     """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart),
     and with `echo` to our stderr as well, as it comes; with `held` too, from `process.tee.show()` on (what came
     before is shown then)."""
-    env = {**os.environ, **command.env}
+    try:
+        env, binding_note = fit_to_allowed({**os.environ, **command.env})
+    except CpuBindingError as exc:
+        raise ServerStartError(str(exc)) from None
     out = open(log_path, "a" if append else "w") if log_path else None  # noqa: SIM115 - owned by the child process
+    if binding_note:
+        for stream in (out, sys.stderr if echo else None):
+            if stream:
+                print(binding_note, file=stream, flush=True)
     # A new session, so that one signal reaches the API server and every engine process it started.
     process = subprocess.Popen(command.argv, env=env, stdout=subprocess.PIPE if echo else out,
                                stderr=subprocess.STDOUT if out or echo else None, start_new_session=True,

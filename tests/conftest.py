@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _give_this_worker_cores_of_its_own()
+    _refuse_loadgroup_under_pytest_9(config)
+
+
+def _give_this_worker_cores_of_its_own() -> None:
+    """Each xdist worker, and every server it starts (children inherit the affinity; serve binds a profile's cores
+    inside it), runs on its own share of the CPUs. Two engines on the same cores slow each other by far more than
+    they gain: each worker's OpenMP threads spin on every core, and on the 2-core machine a server started beside a
+    loaded one was not ready after 600 s, where it starts in 27 s on one core of its own."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker is None or count < 2 or len(cpus) < count:
+        return
+    index, share = int(worker.removeprefix("gw")), len(cpus) // count
+    mine = cpus[index * share:] if index == count - 1 else cpus[index * share:(index + 1) * share]
+    os.sched_setaffinity(0, mine)
+
+
+def _refuse_loadgroup_under_pytest_9(config: pytest.Config) -> None:
     """pytest-xdist 3.8 groups tests by renaming each test's `_nodeid`, which pytest 9 no longer reads (its node id is
     built from `Node._id`): there `--dist loadgroup` would spread the tests of one server over both workers, each
     starting its own copy, without a word. pyproject.toml pins pytest 8."""
