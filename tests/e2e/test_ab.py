@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kimi_eagle.loadtest.ab import AbSummary
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import exit_message, run_cli
 
 
 @pytest.mark.e2e
@@ -16,7 +16,7 @@ def test_real_ab_speculation_against_none(spec_server, plain_server, tmp_path: P
     out = tmp_path / "ab"
     result = run_cli("ab", "--a", spec_server.url, "--b", plain_server.url, "--rounds", "2", "--run-time", "20s",
                      "--max-tokens", "32", "--max-requests", "6", "--out", str(out), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, exit_message(result)
     report = (out / "report.md").read_text()
     summary = AbSummary.model_validate_json((out / "ab_summary.json").read_text())
     assert [s.acceptance.speculation for s in summary.a.rounds if s.acceptance] == ["on", "on"]

@@ -16,6 +16,7 @@ from kimi_eagle.bench.result import BenchResult
 from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.loadtest import serve_bench
+from tests.helpers.cli import exit_message
 from tests.helpers.server import EXACT_PROFILE
 
 pytestmark = pytest.mark.e2e
@@ -28,7 +29,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     # The exactness profile: its outputs are compared token for token below (and its graphs are the session's).
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--quick", "--out", str(tmp_path),
                            "--profile", EXACT_PROFILE], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("quick-*.json")
     result = BenchResult.model_validate_json(json_path.read_text())
     assert result.command == f"kimi-eagle bench --quick --out {tmp_path} --profile {EXACT_PROFILE}"
@@ -89,7 +90,7 @@ def test_quick_configs_benchmark_serves_the_default_layout_streamed_and_not(tmp_
     alone), one server at a time, a streamed and a non-streamed load each."""
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--configs", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("configs-quick-*.json")
     result = configs.ConfigsResult.model_validate_json(json_path.read_text())
     plain, draft = (c.name for c in configs.QUICK.configs)
@@ -118,7 +119,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--tune", "--quick", "--out",
                            str(tmp_path), "--profile", str(profile), "--write-profile"],
                           capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("tune-quick-*.json")
     result = TuneResult.model_validate_json(json_path.read_text())
     assert result.max_num_seqs == 16
@@ -152,7 +153,7 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
 
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--bypass", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("bypass-quick-*.json")
     result = BypassResult.model_validate_json(json_path.read_text())
     assert {p.config for p in result.points} == set(CONFIGS)
@@ -171,7 +172,7 @@ def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path
 
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--startup", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("startup-quick-*.json")
     result = StartupResult.model_validate_json(json_path.read_text())
     first, second = result.starts
@@ -192,7 +193,7 @@ def test_quick_guidellm_benchmark_puts_both_tools_side_by_side(tmp_path: Path) -
         pytest.skip(f"optional: {exc}")
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--guidellm", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("guidellm-quick-*.json")
     result = guidellm.GuideLLMResult.model_validate_json(json_path.read_text())
     plan = guidellm.QUICK

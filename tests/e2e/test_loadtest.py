@@ -9,7 +9,7 @@ import pytest
 
 from kimi_eagle.loadtest.results import load_records, load_summary
 from kimi_eagle.loadtest.summary import RunSummary
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import exit_message, run_cli
 
 
 def check_run(out: Path, max_tokens: int) -> RunSummary:
@@ -32,7 +32,7 @@ def test_real_run_against_the_speculating_server(spec_server, tmp_path: Path) ->
     out = tmp_path / "run"
     result = run_cli("loadtest", "--url", spec_server.url, "--users", "2", "--run-time", "15s", "--max-tokens",
                      "32", "--max-requests", "10", "--out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, exit_message(result)
     summary = check_run(out, 32)
     acceptance = summary.acceptance
     assert acceptance is not None and acceptance.speculation == "on"
@@ -63,7 +63,7 @@ def test_chat_without_streaming(spec_server, tmp_path: Path) -> None:
     out = tmp_path / "chat"
     result = run_cli("loadtest", "--url", spec_server.url, "--api", "chat", "--no-stream", "--run-time", "10s",
                      "--max-tokens", "16", "--max-requests", "3", "--out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, exit_message(result)
     summary = load_summary(out / "summary.json")
     assert summary.requests.ok >= 1 and summary.ttft_ms is None  # no stream, no TTFT: unknown, not zero
     assert summary.tokens.completion_tokens_total == 16 * summary.requests.ok
@@ -74,7 +74,7 @@ def test_distributed_mode_gives_the_same_summary(spec_server, tmp_path: Path) ->
     out = tmp_path / "dist"
     result = run_cli("loadtest", "--url", spec_server.url, "--api", "chat", "--workers", "2", "--users", "2",
                      "--run-time", "15s", "--max-tokens", "24", "--max-requests", "8", "--out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, exit_message(result)
     summary = check_run(out, 24)
     assert summary.locust.mode == "distributed" and summary.locust.workers == 2
     assert len({r.worker for r in load_records(out / "requests.jsonl")}) == 2

@@ -14,7 +14,7 @@ import pytest
 from kimi_eagle.fixtures.pair_spec import TARGET_DIR
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.serve_bench import ServeBenchResult
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import exit_message, run_cli
 from tests.helpers.server import Server
 
 # `vllm bench serve` cannot start here: the `vllm` console script asks for the version of a distribution named
@@ -42,7 +42,7 @@ def vllm_result(spec_server: Server, tmp_path_factory: pytest.TempPathFactory) -
          "--random-input-len", "32", "--random-output-len", "24", "--num-prompts", "8", "--max-concurrency", "2",
          "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result",
          "--result-dir", str(out), "--result-filename", "vllm.json"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     path = out / "vllm.json"
     return path, json.loads(path.read_text())
 
@@ -65,7 +65,7 @@ def test_our_loadtest_writes_the_same_fields_with_the_same_definitions(spec_serv
     out = tmp_path / "run"
     done = run_cli("loadtest", "--url", spec_server.url, "--users", "2", "--max-tokens", "24", "--max-requests",
                       "8", "--run-time", "60s", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     assert f"{out}/{serve_bench.FILE_NAME}" in done.stdout
     ours = json.loads((out / serve_bench.FILE_NAME).read_text())
     for name in SCALARS:
@@ -93,7 +93,7 @@ def test_ab_takes_a_recorded_vllm_bench_result_for_one_side(spec_server: Server,
     out = tmp_path / "ab"
     done = run_cli("ab", "--a-result", str(path), "--b", spec_server.url, "--rounds", "1", "--users", "2",
                       "--max-tokens", "24", "--max-requests", "8", "--run-time", "60s", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     report = (out / "report.md").read_text()
     assert f"A was recorded elsewhere (`{path}`, 1 run(s))" in report
     assert "| workload (prompts, seed, max_tokens, ...) | recorded | as run | not known for A" in report

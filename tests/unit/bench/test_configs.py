@@ -50,7 +50,7 @@ def test_float32_bound_pins_the_reference_kernel_and_every_core() -> None:
 
 
 def test_bfloat16_in_vllms_layout_leaves_kernel_and_cores_to_vllm() -> None:
-    exact = load_profile("tiny-cpu-exact")  # float32, CPU_MLA, both cores bound
+    exact = load_profile("tiny-cpu-exact")  # float32, CPU_MLA, the worker inside the engine core
     profile = ServingConfig(dtype="bfloat16", cores="vllm-default", draft=False).profile(exact)
     assert profile.vllm_args["dtype"] == "bfloat16" and "attention-backend" not in profile.vllm_args
     assert not set(BIND_ENV) & set(profile.env)

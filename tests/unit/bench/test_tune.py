@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from kimi_eagle.bench.stats import spread
 from kimi_eagle.bench.tune import (
+    FULL,
+    QUICK,
+    TuneBench,
     TunePoint,
     TuneResult,
     after_proof,
@@ -14,6 +21,7 @@ from kimi_eagle.bench.tune import (
     schedule_from,
     verdict,
 )
+from kimi_eagle.serve.profile import load_profile
 
 
 def point(config: str, c: int, *tps: float) -> TunePoint:
@@ -83,3 +91,27 @@ def test_a_proof_that_holds_leaves_the_sweeps_schedule_and_one_that_fails_everyw
     assert after_proof({1: 4}, lost, max_num_seqs=16) == []
     assert profile_setting(TuneResult.model_construct(schedule=[(1, 16, 4)], schedule_after_proof=[])).startswith(
         "# no schedule")
+
+
+@pytest.mark.parametrize(("plan", "proof_servers"), [(FULL, ["alone", "k=3", "tuned"] * FULL.proof_rounds),
+                                                     (QUICK, ["tuned"])])
+def test_the_proof_starts_every_configuration_again_except_in_a_quick_run(
+        plan, proof_servers: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which servers each phase starts; what a start measures is the e2e test's (tests/e2e/test_bench.py). Here k=3
+    wins at every load, so the proof is of `alone`, k=3 and the tuned schedule."""
+    plan = plan.model_copy(update={"ks": [3], "concurrency": [1, 4]})
+    started: list[str] = []
+
+    def measure(self, config, schedule, samples, round_of, crossing):
+        started.append(config)
+        for c in self.concurrency:
+            samples.setdefault((config, c), []).append(100.0 if config == "alone" else 150.0)
+
+    monkeypatch.setattr(TuneBench, "_measure", measure)
+    bench = TuneBench(plan, load_profile("tiny-cpu-exact"), target=None, draft=None, prompts=["x"],
+                      files_dir=tmp_path, command_line="kimi-eagle bench --tune", say=lambda _: None)
+    result = bench.run()
+    sweep_servers = ["alone", "k=3"] * plan.rounds
+    assert sorted(started) == sorted(sweep_servers + proof_servers), f"servers started: {started}"
+    assert {p.config for p in result.proof} == {"alone", "k=3", "tuned"}
+    assert all(p.holds for p in result.proof_points), result.proof_points

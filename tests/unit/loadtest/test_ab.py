@@ -89,7 +89,7 @@ def test_interrupted_ab_reports_the_whole_rounds_only(sglang_recordings: Path, t
             cli.kill()
         a.close()
         b.close()
-    assert cli.returncode == 130, stderr[-2000:]
+    assert cli.returncode == 130, f"exit {cli.returncode} after the interrupt, expected 130: {stderr[-300:]!r}"
     summary = AbSummary.model_validate_json((out / "ab_summary.json").read_text())
     assert (len(summary.a.rounds), len(summary.b.rounds)) == (1, 1)
     assert "| 1 | A |" in (out / "report.md").read_text() and "| 2 | A |" not in (out / "report.md").read_text()

@@ -18,7 +18,7 @@ from kimi_eagle.adapter.checks.checkpoint import open_checkpoint
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.preflight import preflight
-from tests.helpers.cli import REPO
+from tests.helpers.cli import REPO, exit_message
 from tests.helpers.sharded import SHARDS, shard_with_copy
 
 FC = "fc.weight"
@@ -85,6 +85,6 @@ def test_serve_refuses_before_starting_an_engine(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "serve", "--draft", str(draft), "--dry-run"],
                           capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 2, exit_message(done, 2)
     assert "[conflicting-copies]" in done.stderr and f"{FC} in {SHARDS[0]} and {SHARDS[1]}" in done.stderr
     assert "pre-flight found problems" in done.stderr and "Traceback" not in done.stderr

@@ -20,7 +20,7 @@ from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.integrity import check_weight_folder
 from kimi_eagle.serve.preflight import preflight
 from kimi_eagle.serve.profile import load_profile
-from tests.helpers.cli import REPO
+from tests.helpers.cli import REPO, exit_message
 
 WEIGHTS = "model.safetensors"
 
@@ -146,7 +146,7 @@ def test_serve_refuses_damaged_weights_before_starting_an_engine(tmp_path: Path,
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "serve", "--target", str(target), "--draft",
                            str(draft), "--dry-run"], capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert all(w in done.stderr for w in words), done.stderr[-3000:]
+    assert done.returncode == 2, exit_message(done, 2)
+    assert all(w in done.stderr for w in words), f"the refusal names {words}: got {done.stderr[-600:]!r}"
     assert "Traceback" not in done.stderr
 

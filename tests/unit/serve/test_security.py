@@ -20,7 +20,7 @@ from kimi_eagle.serve.command import API_KEY_ENV, CommandError, build_command
 from kimi_eagle.serve.integrity import check_weight_folder
 from kimi_eagle.serve.profile import available_profiles, load_profile
 from kimi_eagle.serve.redact import REDACTED, redact_argv, redact_env, redact_text, secrets_in
-from tests.helpers.cli import CLI, REPO
+from tests.helpers.cli import CLI, REPO, exit_message
 
 # Code that runs while serving or measuring: it must never unpickle anything.
 SERVING_PACKAGES = ("adapter", "serve", "loadtest", "doctor", "bench", "kimi_eagle")
@@ -134,7 +134,7 @@ def test_cli_dry_run_never_prints_the_key(leading: str) -> None:
     key, other = leading + secrets.token_urlsafe(24), leading + secrets.token_urlsafe(24)
     done = subprocess.run([*CLI, "serve", "--host", "0.0.0.0", "--api-key", key, "--dry-run", "--",
                            f"--api-key={other}"], capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     assert key not in done.stdout + done.stderr
     assert other not in done.stdout + done.stderr
 
@@ -146,7 +146,7 @@ def test_sglang_command_never_prints_a_key_given_after_the_separator(form: str, 
     passed = [f"--api-key={key}"] if form == "equals" else ["--api-key", key]
     done = subprocess.run([*CLI, "sglang-command", "--out", str(tmp_path / "view"), "--", *passed],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, exit_message(done)
     assert "sglang.launch_server" in done.stdout and REDACTED in done.stdout
     assert key not in done.stdout + done.stderr
 

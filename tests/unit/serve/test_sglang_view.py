@@ -140,7 +140,7 @@ def test_command_speculates_like_the_vllm_profile(tmp_path: Path) -> None:
     assert "--enable-metrics" in argv
     assert _flag(argv, "--context-length") == "2048" and _flag(argv, "--dtype") == "float32"
     assert set(plan.dropped_flags) == {"kv-cache-memory-bytes", "language-model-only", "attention-backend",
-                                       "max-num-queued-reqs"}
+                                       "max-num-queued-reqs", "distributed-executor-backend"}
     assert "--max-total-tokens" in plan.dropped_flags["kv-cache-memory-bytes"]
 
 
