@@ -31,8 +31,9 @@ serve: setup
 	$(VENV)/bin/kimi-eagle serve $(PROFILE) $(ARGS)
 
 # Two pytest-xdist workers: most of the suite's time is vLLM starting (one core each: imports, compiling), so two
-# starts overlap on two cores; tests/conftest.py keeps each shared server on one worker. More workers hold more
-# servers in memory at once (about 2 GiB each): TEST_WORKERS=0 runs the suite in one process.
+# starts overlap on two cores; tests/conftest.py keeps each shared server on one worker and gives each worker a core
+# of its own. More workers hold more servers in memory at once (about 2 GiB each): TEST_WORKERS=0 runs the suite in
+# one process.
 TEST_WORKERS ?= 2
 
 test: setup

@@ -1,4 +1,5 @@
-"""The compile cache's key sees the aux layers the target captures; upstream's does not."""
+"""The compile cache's key sees the aux layers the target captures; upstream's does not. Every key compiles into
+one inductor cache."""
 
 from __future__ import annotations
 
@@ -42,3 +43,28 @@ def test_install_wraps_the_key_and_the_cpu_loader_once() -> None:
     assert decorators._model_hash_key.kimi_eagle_wrapped
     assert not getattr(decorators._model_hash_key.upstream, "kimi_eagle_wrapped", False)  # wrapped once
     assert torch.compiler.load_compiled_function.kimi_eagle_wrapped
+    assert decorators._try_load_aot_compiled_fn.kimi_eagle_wrapped
+
+
+def _new_key(root, key: str):
+    """What vLLM makes for a key before it compiles: `{key}/inductor_cache`, empty."""
+    key_dir = root / "torch_compile_cache" / "torch_aot_compile" / key
+    (key_dir / "inductor_cache").mkdir(parents=True)
+    return key_dir
+
+
+def test_every_new_key_compiles_into_one_shared_inductor_cache(tmp_path) -> None:
+    shared = tmp_path / "torch_compile_cache" / compile_cache.SHARED_INDUCTOR_CACHE
+    first, second = _new_key(tmp_path, "a" * 64), _new_key(tmp_path, "b" * 64)
+    assert compile_cache.share_inductor_cache(first) and compile_cache.share_inductor_cache(second)
+    (first / "inductor_cache" / "kernel.so").write_text("compiled once")
+    assert (second / "inductor_cache" / "kernel.so").read_text() == "compiled once", "the second key sees it"
+    assert (shared / "kernel.so").is_file()
+    assert compile_cache.share_inductor_cache(first), "a key already linked (the engine that lost a race) stays so"
+
+
+def test_a_key_that_compiled_into_a_cache_of_its_own_keeps_it(tmp_path) -> None:
+    older = _new_key(tmp_path, "c" * 64)
+    (older / "inductor_cache" / "kernel.so").write_text("from before the plugin shared")
+    assert not compile_cache.share_inductor_cache(older)
+    assert (older / "inductor_cache" / "kernel.so").read_text() == "from before the plugin shared"
