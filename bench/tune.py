@@ -218,13 +218,11 @@ class TuneBench:
             others = ["alone", *dict.fromkeys(f"k={k}" for k in best_k.values() if k != ALONE)]
             self.say("phase 2: the tuned schedule against " + ", ".join(others)
                      + (" (the sweep's samples of them)" if self.plan.proof_against_sweep else ""))
+            started = ["tuned"] if self.plan.proof_against_sweep else [*others, "tuned"]
+            proof, crossing = self._rounds(started, self.plan.proof_rounds, schedule=schedule,
+                                           crossing=boundary(schedule, self.concurrency))
             if self.plan.proof_against_sweep:
-                tuned, crossing = self._rounds(["tuned"], self.plan.proof_rounds, schedule=schedule,
-                                               crossing=boundary(schedule, self.concurrency))
-                proof = [*(p for p in sweep if p.config in others), *tuned]
-            else:
-                proof, crossing = self._rounds([*others, "tuned"], self.plan.proof_rounds, schedule=schedule,
-                                               crossing=boundary(schedule, self.concurrency))
+                proof = [*(p for p in sweep if p.config in others), *proof]
         proof_points = judge_proof(proof) if proof else []
         corrected = after_proof(best_k, proof_points, self.max_num_seqs)
         return TuneResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
