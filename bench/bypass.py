@@ -66,6 +66,10 @@ class BypassPoint(BaseModel):
     per_round: list[float]
     tokens_per_s: Spread
     ratio_to_target_alone: Spread | None = Field(None, description="Round by round, over the target alone's.")
+    server_cpu_s_per_1k_tokens: Spread | None = Field(
+        None, description="CPU seconds of the server's processes per 1,000 output tokens: the work a token costs, "
+                          "which the scheduling noise of a 2-core machine moves less than tokens/s.")
+    cpu_ratio_to_target_alone: Spread | None = Field(None, description="Round by round, over the target alone's.")
 
 
 class BypassResult(BaseModel):
@@ -105,6 +109,7 @@ class BypassBench:
         self.target, self.command_line, self.say = target, command_line, say
         self.draft = str(random_draft(Path(resolve_model_path(draft or profile.draft)), files_dir / "random-draft"))
         self.samples: dict[tuple[str, bool, int], list[float]] = {}
+        self.cpu_per_1k: dict[tuple[str, bool, int], list[float]] = {}
         self.seconds_to_bypass: list[float | None] = []
 
     def run(self) -> BypassResult:
@@ -117,9 +122,15 @@ class BypassBench:
             for streamed in self.plan.streamed:
                 for c in self.plan.concurrency:
                     values, alone = self.samples[config, streamed, c], self.samples[CONFIGS[0], streamed, c]
-                    ratio = None if config == CONFIGS[0] else spread([v / a for v, a in zip(values, alone)])
-                    points.append(BypassPoint(config=config, streamed=streamed, concurrency=c, per_round=values,
-                                              tokens_per_s=spread(values), ratio_to_target_alone=ratio))
+                    cpu, cpu_alone = self.cpu_per_1k[config, streamed, c], self.cpu_per_1k[CONFIGS[0], streamed, c]
+                    alone_config = config == CONFIGS[0]
+                    points.append(BypassPoint(
+                        config=config, streamed=streamed, concurrency=c, per_round=values,
+                        tokens_per_s=spread(values),
+                        ratio_to_target_alone=None if alone_config else spread([v / a for v, a in zip(values, alone)]),
+                        server_cpu_s_per_1k_tokens=spread(cpu),
+                        cpu_ratio_to_target_alone=None if alone_config else spread([v / a for v, a in
+                                                                                    zip(cpu, cpu_alone)])))
         return BypassResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
                             machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
                             points=points, seconds_to_bypass=self.seconds_to_bypass,
@@ -141,8 +152,12 @@ class BypassBench:
                 for config in rotated(list(CONFIGS), round_no + i):
                     sampler = BenchClient(live[config].url, live[config].model, self.plan.max_tokens,
                                           stream=streamed, temperature=self.plan.temperature)
+                    cpu_before = live[config].cpu_seconds()
                     sample = sampler.measure(self.prompts, c, self.plan.requests_at(c))
+                    cpu_s = live[config].cpu_seconds() - cpu_before
                     self.samples.setdefault((config, streamed, c), []).append(sample.tokens_per_s)
+                    self.cpu_per_1k.setdefault((config, streamed, c), []).append(
+                        1000 * cpu_s / sample.completion_tokens)
                     figures[config].append(f"{sample.tokens_per_s:.0f}")
         names = [f"{c}{' streamed' if streamed else ''}" for streamed, c in loads]
         for config in CONFIGS:
@@ -222,4 +237,16 @@ def markdown(result: BypassResult) -> str:
             cells = [p.tokens_per_s.cell(p.ratio_to_target_alone) for p in points]
             lines.append(f"| {config} | {'streamed' if streamed else 'whole'} | " + " | ".join(cells) + " |")
     lines += ["", f"**{result.verdict}.**", ""]
+    if all(p.server_cpu_s_per_1k_tokens is not None for p in result.points):  # measured since 2026-12-05
+        lines += ["CPU seconds of the server's processes per 1,000 output tokens, median [min-max]; then the ratio to "
+                  "the target alone, paired round by round (below 1: less work a token).", "",
+                  "| configuration | read | " + " | ".join(f"{c} in flight" for c in cs) + " |",
+                  "|---" * (len(cs) + 2) + "|"]
+        for config in CONFIGS:
+            for streamed in result.plan.streamed:
+                points = [next(q for q in result.points if q.config == config and q.concurrency == c
+                               and q.streamed == streamed) for c in cs]
+                cells = [p.server_cpu_s_per_1k_tokens.cell(p.cpu_ratio_to_target_alone, digits=2) for p in points]
+                lines.append(f"| {config} | {'streamed' if streamed else 'whole'} | " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)

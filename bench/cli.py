@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and a second (what the first saved); 2 rounds, about 5 minutes (with --quick, 1 round)")
     p.add_argument("--write-profile", action="store_true",
                    help="with --tune: write the schedule into the profile's YAML file")
-    p.add_argument("--rounds", type=int, help="with --configs: rounds of the whole matrix (default 3)")
+    p.add_argument("--rounds", type=int, help="with --configs, --bypass or --startup: rounds of the whole run "
+                                              "(default 3, 3 and 2): more rounds, a narrower spread")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --configs: only this dtype's half of the "
                                                                    "matrix")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
@@ -144,12 +145,16 @@ def _run_mode(plan, bench_class, markdown: Callable, args: argparse.Namespace, p
     return result, json_path
 
 
+def plan_of(module: ModuleType, args: argparse.Namespace):
+    """A mode's QUICK or FULL plan, with the rounds --rounds asks for."""
+    plan = module.QUICK if args.quick else module.FULL
+    return plan if args.rounds is None else plan.model_copy(update={"rounds": args.rounds})
+
+
 def _run_configs(args: argparse.Namespace, profile: Profile, prompts: list[str], stamp: str, console: Console) -> int:
     from kimi_eagle.bench import configs
 
-    plan = configs.QUICK if args.quick else configs.FULL
-    if args.rounds is not None:
-        plan = plan.model_copy(update={"rounds": args.rounds})
+    plan = plan_of(configs, args)
     if args.dtype is not None:
         plan = plan.model_copy(update={"configs": [c for c in plan.configs if c.dtype == args.dtype]})
     outcome = _run_mode(plan, configs.ConfigsBench, configs.markdown, args, profile, prompts, stamp, console)
@@ -180,8 +185,7 @@ def _run_tune(args: argparse.Namespace, profile: Profile, prompts: list[str], st
 def _run_plain_mode(module: ModuleType, bench_class: type, args: argparse.Namespace, profile: Profile,
                     prompts: list[str], stamp: str, console: Console) -> int:
     """A mode with a FULL and a QUICK plan, a bench class and `markdown` (bypass, startup), and nothing after."""
-    plan = module.QUICK if args.quick else module.FULL
-    outcome = _run_mode(plan, bench_class, module.markdown, args, profile, prompts, stamp, console)
+    outcome = _run_mode(plan_of(module, args), bench_class, module.markdown, args, profile, prompts, stamp, console)
     return outcome if isinstance(outcome, int) else 0
 
 
@@ -204,8 +208,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _rewrite_report(args.report)
     if args.passthrough:
         return fail("bench", "bench takes no vLLM flags after `--`: put them in a profile (--profile FILE)")
-    if args.rounds is not None and (not args.configs or args.rounds < 1):
-        return fail("bench", "--rounds N (N >= 1) goes with --configs")
+    if args.rounds is not None and (not (args.configs or args.bypass or args.startup) or args.rounds < 1):
+        return fail("bench", "--rounds N (N >= 1) goes with --configs, --bypass or --startup")
     if sum((args.configs, args.tune, args.bypass, args.startup, args.guidellm)) > 1:
         return fail("bench", "--configs, --tune, --bypass, --startup and --guidellm are different runs: give one")
     if args.dtype is not None and not args.configs:

@@ -36,6 +36,19 @@ class ColdStart(BaseModel):
     other_servers_running: int = Field(0, description="Servers of this benchmark already up (idle) during the start.")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process and of its descendants still running."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 class RssSampler:
     """Samples the RSS of a process tree in a background thread; 4 Hz while starting, 1 Hz after."""
 
@@ -97,6 +110,10 @@ class LiveServer:
     sampler: RssSampler
     cold_start: ColdStart
     log: Path
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU seconds of every process of the server (API server, engine core, worker) so far."""
+        return tree_cpu_seconds(self.process.pid)
 
     def finish(self) -> ColdStart:
         """The cold start with the peak memory of the server's whole life (call after it stopped)."""

@@ -15,9 +15,9 @@ class Spread(BaseModel):
     min: float
     max: float
 
-    def cell(self, ratio: Spread | None = None) -> str:
+    def cell(self, ratio: Spread | None = None, digits: int = 0) -> str:
         """`median [min-max]` for a results table, then the ratio's median in bold when there is one."""
-        text = f"{self.median:.0f} [{self.min:.0f}-{self.max:.0f}]"
+        text = f"{self.median:.{digits}f} [{self.min:.{digits}f}-{self.max:.{digits}f}]"
         return text + (f" **{ratio.median:.2f}x**" if ratio is not None else "")
 
     @property

@@ -157,7 +157,8 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
     [json_path] = tmp_path.glob("bypass-quick-*.json")
     result = BypassResult.model_validate_json(json_path.read_text())
     assert {p.config for p in result.points} == set(CONFIGS)
-    assert all(p.tokens_per_s.min > 0 for p in result.points)
+    assert all(p.tokens_per_s.min > 0 and p.server_cpu_s_per_1k_tokens.min > 0 for p in result.points)
+    assert all((p.cpu_ratio_to_target_alone is None) == (p.config == CONFIGS[0]) for p in result.points)
     # The first batch trips it: 200 drafts of a draft that accepts nothing take a couple of hundred steps.
     assert len(result.seconds_to_bypass) == 1 and result.seconds_to_bypass[0] is not None
     logs = {p.name: p.read_text() for p in tmp_path.glob("bypass-quick-*-files/logs/*.log")}

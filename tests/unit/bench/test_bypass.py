@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import torch
 from safetensors.torch import load_file
 
-from kimi_eagle.bench.bypass import random_draft
+from kimi_eagle.bench.bypass import CONFIGS, BypassResult, markdown, random_draft
+from kimi_eagle.bench.servers import tree_cpu_seconds
+from kimi_eagle.bench.stats import spread
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
+
+RESULTS_DIR = Path(__file__).resolve().parents[3] / "bench" / "results"
 
 
 def test_the_random_draft_keeps_shapes_scale_maps_and_config_and_redraws_every_matrix(tmp_path: Path) -> None:
@@ -24,3 +32,40 @@ def test_the_random_draft_keeps_shapes_scale_maps_and_config_and_redraws_every_m
             assert abs(r.float().std() / t.float().std() - 1) < 0.1, name
         else:  # norms, d2t / t2d
             assert torch.equal(r, t), name
+
+
+def test_server_cpu_counts_the_work_of_every_process_of_a_real_tree() -> None:
+    """A parent that sleeps and a child that spins for 1.5 CPU seconds: the tree's CPU seconds hold the child's."""
+    spin = "import time; end = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                                                     f"subprocess.Popen([sys.executable, '-c', {spin!r}]); "
+                                                     "time.sleep(30)"])
+    try:
+        deadline, spent = time.monotonic() + 30, 0.0
+        while spent < 1.5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            spent = tree_cpu_seconds(parent.pid)
+        children = psutil.Process(parent.pid).children()
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+    assert len(children) == 1, "the child's CPU is counted while it runs"
+    assert 1.5 <= spent < 3.0, f"{spent:.2f} CPU seconds, expected the child's 1.5 and two interpreters' start"
+
+
+def test_the_report_gives_the_server_cpu_per_token_where_it_was_measured() -> None:
+    """The 2026-12-04 run predates the CPU figures: it still loads, and its report shows throughput only."""
+    old = BypassResult.model_validate_json((RESULTS_DIR / "bypass-20261204-210448.json").read_text())
+    assert all(p.server_cpu_s_per_1k_tokens is None for p in old.points)
+    assert "CPU seconds" not in markdown(old) and "| target alone | whole | 204 [196-213]" in markdown(old)
+
+    measured = old.model_copy(update={"points": [
+        p.model_copy(update={"server_cpu_s_per_1k_tokens": spread([1.5, 1.25, 2.0]),
+                             "cpu_ratio_to_target_alone": None if p.config == CONFIGS[0] else spread([0.99])})
+        for p in old.points]})
+    text = markdown(measured)
+    assert "CPU seconds of the server's processes per 1,000 output tokens" in text
+    assert f"| {CONFIGS[2]} | streamed | 1.50 [1.25-2.00] **0.99x** |" in text
+    assert f"| {CONFIGS[0]} | whole | 1.50 [1.25-2.00] | 1.50 [1.25-2.00] |" in text

@@ -3,10 +3,13 @@ is tests/e2e/test_bench.py)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
 
+from kimi_eagle.bench import bypass, configs, startup
+from kimi_eagle.bench.cli import plan_of
 from kimi_eagle.bench.configs import (
     BIND_ENV,
     FULL,
@@ -145,7 +148,13 @@ def test_the_report_is_one_row_per_configuration_with_ratios_for_drafts() -> Non
     assert f"{draft}: 2.61" in text and "**fastest with a draft: ....**" in text
 
 
-def test_rounds_go_with_configs_only(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--rounds", "2"]) == 2
-    assert "--rounds N (N >= 1) goes with --configs" in capsys.readouterr().err
+def test_rounds_go_with_the_modes_that_have_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    for mode in ([], ["--tune"], ["--guidellm"]):
+        assert main(["bench", *mode, "--rounds", "2"]) == 2
+        assert "--rounds N (N >= 1) goes with --configs, --bypass or --startup" in capsys.readouterr().err
     assert main(["bench", "--configs", "--rounds", "0"]) == 2
+    for module in (configs, bypass, startup):
+        for quick in (False, True):
+            plan = plan_of(module, argparse.Namespace(quick=quick, rounds=5))
+            assert plan.rounds == 5 and plan.mode == (module.QUICK if quick else module.FULL).mode
+    assert plan_of(bypass, argparse.Namespace(quick=False, rounds=None)) == bypass.FULL
