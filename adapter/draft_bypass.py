@@ -12,8 +12,10 @@ batch size, still runs the draft's first pass over every new token in vLLM 0.32 
 returns after it, to keep the draft's KV cache in step): measured here, a schedule's k=0 ran at 0.76x of the target
 alone at 16 in flight (`bench --tune`), a bypassed random draft at about 0.7x on one stream. Where the runner does
 its bookkeeping synchronously (no async scheduling: every CPU engine), such a step tells the worker to skip the
-draft, its rejection sampler and the engine's round trip for its drafts altogether. The draft's KV cache then
-misses the tokens of those steps: a request that goes on after them drafts from a context with holes (the
+draft and the engine's round trip for its drafts altogether, and a step with no drafts left to verify runs as the
+target alone's would (no spec-decode metadata, no rejection sampler, no slot mapping or attention metadata for the
+draft's layers), so that a bypassed engine costs what `--no-draft` costs. The draft's KV cache then misses the
+tokens of those steps: a request that goes on after them drafts from a context with holes (the
 crossing load of `bench --tune` measures what that costs), and a retry judges the draft only on requests admitted
 after the retry began, whose draft KV cache is whole.
 
@@ -28,10 +30,11 @@ into the gauge `kimi_eagle:draft_bypassed`.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kimi_eagle import envs
 from kimi_eagle.adapter import compat
@@ -253,33 +256,75 @@ def _install_scheduler() -> None:
 
 def _install_runner() -> None:
     import torch
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original_execute = GPUModelRunner.execute_model
-    original_sample = GPUModelRunner._sample
+    original_sample_tokens = GPUModelRunner.sample_tokens
     original_propose = GPUModelRunner.propose_draft_token_ids
     if getattr(original_propose, "_kimi_eagle_bypass", False):
         return
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         self._kimi_eagle_skip_draft = getattr(scheduler_output, SKIP_DRAFT, False)
-        return original_execute(self, scheduler_output, *args, **kwargs)
+        # A skipped step with no drafts left to verify is a plain step: it runs as the target alone's (see
+        # `_as_the_target_alone`).
+        self._kimi_eagle_plain_step = (self._kimi_eagle_skip_draft
+                                       and not scheduler_output.scheduled_spec_decode_tokens)
+        if not self._kimi_eagle_plain_step:
+            return original_execute(self, scheduler_output, *args, **kwargs)
+        with _as_the_target_alone(self):
+            return original_execute(self, scheduler_output, *args, **kwargs)
 
-    def _sample(self, logits, spec_decode_metadata):
-        # With a draft configured, vLLM sends every step through the rejection sampler, drafts or none; a bypassed
-        # step has none, and the plain sampler gives the same tokens for 5% less of the step on the tiny CPU pair.
-        if (getattr(self, "_kimi_eagle_skip_draft", False) and spec_decode_metadata is not None
-                and spec_decode_metadata.max_spec_len == 0):
-            spec_decode_metadata = None
-        return original_sample(self, logits, spec_decode_metadata)
+    def sample_tokens(self, *args, **kwargs):
+        if not getattr(self, "_kimi_eagle_plain_step", False):
+            return original_sample_tokens(self, *args, **kwargs)
+        with _as_the_target_alone(self):  # the same step's second half: the plain sampler, no draft to propose
+            return original_sample_tokens(self, *args, **kwargs)
 
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
         if getattr(scheduler_output, SKIP_DRAFT, False):
-            # What vLLM's own k=0 returns (no draft tokens for any request), without running the draft.
+            # What vLLM's own k=0 returns (no draft tokens for any request), without running the draft: the step
+            # after the switch, which still verifies the drafts proposed before it.
             return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
         return original_propose(self, scheduler_output, *args, **kwargs)
 
+    def compute_slot_mapping(self, num_reqs, query_start_loc, positions) -> None:
+        # vLLM's loop over the KV-cache groups, less the draft's on a plain step: no draft writes its cache.
+        skipped = getattr(self, "_kimi_eagle_skipped_groups", ())
+        for gid, block_table in enumerate(self.block_tables):
+            if gid not in skipped:
+                block_table.compute_slot_mapping(num_reqs, query_start_loc, positions)
+
     propose_draft_token_ids._kimi_eagle_bypass = True
     GPUModelRunner.execute_model = execute_model
-    GPUModelRunner._sample = _sample
+    GPUModelRunner.sample_tokens = sample_tokens
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    MultiGroupBlockTable.compute_slot_mapping = compute_slot_mapping
+
+
+@contextlib.contextmanager
+def _as_the_target_alone(runner) -> Iterator[None]:
+    """A plain step without what a configured draft adds to it. With a draft configured, vLLM 0.32 spends every
+    step on speculation, drafts or none: spec-decode metadata, the rejection sampler, slot mappings and attention
+    metadata for the draft's layers (profiled on the tiny CPU pair: 3-4% of a bypassed step). It reads
+    `speculative_config` and the attention groups as each step runs: with the draft's part of them hidden for the
+    step, the step takes the target alone's path."""
+    if not hasattr(runner, "_kimi_eagle_target_attn_groups"):
+        logger.info("kimi-eagle: steps that schedule no draft tokens now run as the target alone's (no draft, no "
+                    "speculative metadata, the plain sampler)")
+        draft_layers = getattr(runner.drafter, "_draft_attn_layer_names", set())
+        runner._kimi_eagle_target_attn_groups = [
+            [group for group in kv_group if not set(group.layer_names) <= draft_layers]
+            for kv_group in runner.attn_groups]
+        runner._kimi_eagle_draft_kv_groups = frozenset(
+            gid for gid, group in enumerate(runner.kv_cache_config.kv_cache_groups)
+            if group.layer_names and set(group.layer_names) <= draft_layers)
+    spec, attn_groups, block_table = runner.speculative_config, runner.attn_groups, runner.input_batch.block_table
+    runner.speculative_config, runner.attn_groups = None, runner._kimi_eagle_target_attn_groups
+    block_table._kimi_eagle_skipped_groups = runner._kimi_eagle_draft_kv_groups
+    try:
+        yield
+    finally:
+        runner.speculative_config, runner.attn_groups = spec, attn_groups
+        block_table._kimi_eagle_skipped_groups = ()

@@ -18,12 +18,13 @@ from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
+from tests.helpers.request_options import OPTIONS, Answer, Option, check_option_kept
 from tests.helpers.server import EXACT_PROFILE, Server, greedy_ids, metric_value
 
-# Both tests use the module's random-draft server, and the first the shared plain server: one worker for both.
+# The tests use the module's random-draft server and the shared plain server: one worker for all of them.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("exact")]
 
-RETRY_S = 20
+RETRY_S = 45  # long enough for every request option to reach the bypassed engine before the first retry
 BYPASSED = "kimi_eagle:draft_bypassed"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
@@ -58,6 +59,7 @@ def test_a_random_draft_raises_the_alarm_and_the_engine_stops_drafting(random_dr
     assert len(bypass_lines) == 1 and "EngineCore" in bypass_lines[0]  # decided where the scheduler runs
     assert re.search(r"0 of \d+ drafted tokens accepted .* over the last 2\d\d drafts", bypass_lines[0])
     assert "kimi-eagle doctor" in bypass_lines[0]
+    assert "steps that schedule no draft tokens now run as the target alone's" in log
 
     # Bypassed: no draft runs, and the output is the target's own (float32: token for token).
     drafts = metric_value(random_draft_server.url, DRAFTS)
@@ -66,11 +68,28 @@ def test_a_random_draft_raises_the_alarm_and_the_engine_stops_drafting(random_dr
     assert metric_value(random_draft_server.url, DRAFTS) == drafts
 
 
+@pytest.fixture(scope="module")
+def greedy_answers() -> dict[tuple[str, str], Answer]:
+    return {}
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.name)
+def test_every_request_option_is_kept_while_bypassed(random_draft_server: Server, plain_server: Server,
+                                                      option: Option, greedy_answers: dict) -> None:
+    """A bypassed step runs as the target alone's (no spec-decode metadata, the plain sampler): every option a client
+    sends gets the target alone's answer (float32: token for token where sampling does not decide)."""
+    while metric_value(random_draft_server.url, BYPASSED) != 1.0:  # run alone: trip the fail-safe first
+        load(random_draft_server)
+    check_option_kept(option, random_draft_server.url, plain_server.url, plain_server.model, greedy_answers)
+    assert "retrying the draft" not in random_draft_server.log.read_text(), \
+        f"the draft was retried within {RETRY_S} s of the bypass: this test no longer sees a bypassed engine"
+
+
 def test_the_bypassed_draft_is_retried_on_new_requests_and_stays_bypassed(random_draft_server: Server) -> None:
     load(random_draft_server)
     drafts = metric_value(random_draft_server.url, DRAFTS)
-    time.sleep(RETRY_S + 1)
-    deadline = time.monotonic() + 60
+    # New requests until the retry (RETRY_S after the bypass) has judged a window of their drafts.
+    deadline = time.monotonic() + RETRY_S + 90
     while "still bypassed" not in random_draft_server.log.read_text() and time.monotonic() < deadline:
         load(random_draft_server)
     log = random_draft_server.log.read_text()

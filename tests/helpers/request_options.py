@@ -145,6 +145,39 @@ def differences(with_draft: Answer, alone: Answer) -> list[str]:
     return out
 
 
+def check_option_kept(option: Option, with_draft_url: str, alone_url: str, model: str,
+                      greedy_cache: dict[tuple[str, str], Answer]) -> str:
+    """Send one option to a server with a draft and to the target alone; fail the test where the draft changed what
+    a client gets. Returns "kept", or "refused by both: ..." (the target alone's own 4xx, the answer without
+    speculation). `greedy_cache` keeps each server's greedy answer to the base request across options."""
+    body = option.request(_greedy(alone_url, model, option.api, greedy_cache))
+    with_draft = ask(with_draft_url, model, option.api, body)
+    alone = ask(alone_url, model, option.api, body)
+    assert with_draft.status < 500, f"{option.name}: the server with the draft failed: {with_draft.error}"
+    assert with_draft.status == alone.status, (
+        f"{option.name}: HTTP {with_draft.status} with the draft, {alone.status} for the target alone: "
+        f"{with_draft.error or alone.error}")
+    if alone.status != 200:
+        return f"refused by both: {alone.status} {alone.error[:120]}"
+    for name, answer in (("with the draft", with_draft), ("target alone", alone)):
+        if option.expect and (broken := option.expect(answer, body)):
+            raise AssertionError(f"{option.name} ({name}): {broken}")
+    if option.greedy:
+        greedy = _greedy(with_draft_url, model, option.api, greedy_cache)
+        assert with_draft.tokens() == greedy.tokens(), f"{option.name}: greedy by construction, yet not greedy"
+    if not option.sampled:
+        assert not (diff := differences(with_draft, alone)), f"{option.name}: " + "; ".join(diff)
+    return "kept"
+
+
+def _greedy(url: str, model: str, api: str, cache: dict[tuple[str, str], Answer]) -> Answer:
+    if (url, api) not in cache:
+        answer = ask(url, model, api, base_request(api))
+        assert answer.status == 200, answer.error
+        cache[url, api] = answer
+    return cache[url, api]
+
+
 # --- what an option promises, checked on both servers ---------------------------------------------------------
 
 def _every_token_is(token_id: int) -> Callable[[Answer, dict], str | None]:
