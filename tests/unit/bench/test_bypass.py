@@ -15,8 +15,9 @@ from kimi_eagle.bench.bypass import CONFIGS, BypassResult, markdown, random_draf
 from kimi_eagle.bench.servers import tree_cpu_seconds
 from kimi_eagle.bench.stats import spread
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
+from tests.helpers.cli import REPO
 
-RESULTS_DIR = Path(__file__).resolve().parents[3] / "bench" / "results"
+RESULTS_DIR = REPO / "bench" / "results"
 
 
 def test_the_random_draft_keeps_shapes_scale_maps_and_config_and_redraws_every_matrix(tmp_path: Path) -> None:
