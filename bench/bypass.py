@@ -221,32 +221,31 @@ def verdict(points: list[BypassPoint], seconds: list[float | None]) -> str:
 
 
 def markdown(result: BypassResult) -> str:
-    cs = result.plan.concurrency
     lines = [f"# The draft fail-safe on a random draft, profile {result.profile}", "",
              run_line(result.command, result.started_utc, result.duration_s, result.machine)
              + f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, temperature "
              f"{result.plan.temperature:g}), the three servers up together and loaded one at a time, order rotated "
              "by load and round.", "",
              "Output tokens/s, median [min-max]; then the ratio to the target alone, paired round by round.", "",
-             "| configuration | read | " + " | ".join(f"{c} in flight" for c in cs) + " |",
+             *_table(result, lambda p: p.tokens_per_s.cell(p.ratio_to_target_alone)),
+             "", f"**{result.verdict}.**", ""]
+    if all(p.server_cpu_s_per_1k_tokens is not None for p in result.points):  # measured since 2026-12-05
+        lines += ["CPU seconds of the server's processes per 1,000 output tokens, median [min-max]; then the ratio to "
+                  "the target alone, paired round by round (below 1: less work a token).", "",
+                  *_table(result, lambda p: p.server_cpu_s_per_1k_tokens.cell(p.cpu_ratio_to_target_alone, digits=2)),
+                  ""]
+    return "\n".join(lines)
+
+
+def _table(result: BypassResult, cell: Callable[[BypassPoint], str]) -> list[str]:
+    """One row per configuration and read, one column per load."""
+    cs = result.plan.concurrency
+    lines = ["| configuration | read | " + " | ".join(f"{c} in flight" for c in cs) + " |",
              "|---" * (len(cs) + 2) + "|"]
     for config in CONFIGS:
         for streamed in result.plan.streamed:
             points = [next(q for q in result.points if q.config == config and q.concurrency == c
                            and q.streamed == streamed) for c in cs]
-            cells = [p.tokens_per_s.cell(p.ratio_to_target_alone) for p in points]
-            lines.append(f"| {config} | {'streamed' if streamed else 'whole'} | " + " | ".join(cells) + " |")
-    lines += ["", f"**{result.verdict}.**", ""]
-    if all(p.server_cpu_s_per_1k_tokens is not None for p in result.points):  # measured since 2026-12-05
-        lines += ["CPU seconds of the server's processes per 1,000 output tokens, median [min-max]; then the ratio to "
-                  "the target alone, paired round by round (below 1: less work a token).", "",
-                  "| configuration | read | " + " | ".join(f"{c} in flight" for c in cs) + " |",
-                  "|---" * (len(cs) + 2) + "|"]
-        for config in CONFIGS:
-            for streamed in result.plan.streamed:
-                points = [next(q for q in result.points if q.config == config and q.concurrency == c
-                               and q.streamed == streamed) for c in cs]
-                cells = [p.server_cpu_s_per_1k_tokens.cell(p.cpu_ratio_to_target_alone, digits=2) for p in points]
-                lines.append(f"| {config} | {'streamed' if streamed else 'whole'} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
+            lines.append(f"| {config} | {'streamed' if streamed else 'whole'} | "
+                         + " | ".join(cell(p) for p in points) + " |")
+    return lines
