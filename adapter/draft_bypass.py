@@ -266,10 +266,9 @@ def _install_runner() -> None:
         return
 
     def execute_model(self, scheduler_output, *args, **kwargs):
-        self._kimi_eagle_skip_draft = getattr(scheduler_output, SKIP_DRAFT, False)
         # A skipped step with no drafts left to verify is a plain step: it runs as the target alone's (see
         # `_as_the_target_alone`).
-        self._kimi_eagle_plain_step = (self._kimi_eagle_skip_draft
+        self._kimi_eagle_plain_step = (getattr(scheduler_output, SKIP_DRAFT, False)
                                        and not scheduler_output.scheduled_spec_decode_tokens)
         if not self._kimi_eagle_plain_step:
             return original_execute(self, scheduler_output, *args, **kwargs)

@@ -34,7 +34,7 @@ from kimi_eagle.bench.plan import StreamsPlan
 from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
-from kimi_eagle.bench.stats import Spread, spread
+from kimi_eagle.bench.stats import Spread, paired_ratios, spread
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile, resolve_model_path
@@ -127,10 +127,9 @@ class BypassBench:
                     points.append(BypassPoint(
                         config=config, streamed=streamed, concurrency=c, per_round=values,
                         tokens_per_s=spread(values),
-                        ratio_to_target_alone=None if alone_config else spread([v / a for v, a in zip(values, alone)]),
+                        ratio_to_target_alone=None if alone_config else spread(paired_ratios(values, alone)),
                         server_cpu_s_per_1k_tokens=spread(cpu),
-                        cpu_ratio_to_target_alone=None if alone_config else spread([v / a for v, a in
-                                                                                    zip(cpu, cpu_alone)])))
+                        cpu_ratio_to_target_alone=None if alone_config else spread(paired_ratios(cpu, cpu_alone))))
         return BypassResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
                             machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
                             points=points, seconds_to_bypass=self.seconds_to_bypass,
