@@ -7,7 +7,8 @@ the failure this project grew out of. Three servers: the target alone; that draf
 and each gets a first batch that is not measured (on the fail-safe's server it is the load that trips it: the
 seconds from its first request until /metrics shows `kimi_eagle:draft_bypassed 1` are recorded); then every load,
 streamed and not, at the temperature clients send by default (1: GuideLLM and the OpenAI clients set none), is
-sampled on one server at a time, the three back to back in an order rotated by load and round.
+sampled on one server at a time, the three back to back in an order rotated by load and round (and reversed every
+other cycle: `configs.rotated`).
 
 The goal is the fail-safe's promise: once bypassed, within noise of the target alone (0.98x, the median of the
 ratios paired round by round), at every load and both ways of reading the answer.
@@ -54,7 +55,8 @@ class BypassPlan(StreamsPlan):
                                                             "streamed.")
 
 
-FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=3, max_tokens=64, requests_per_stream=16)
+# Six rounds: the three servers each first twice, and each loaded right after each other one equally often.
+FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=6, max_tokens=64, requests_per_stream=16)
 QUICK = BypassPlan(mode="bypass-quick", concurrency=[1], rounds=1, max_tokens=16, requests_per_stream=2,
                    streamed=[True])
 

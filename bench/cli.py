@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: what the draft fail-safe buys on a random-weight copy of the profile's draft: the "
                         "target alone, that draft with the fail-safe off, and on, at 1, 4 and 16 in flight, streamed "
                         "and not, at T 1, the three servers up together and loaded one at a time, and how long after "
-                        "the load began it bypassed the draft (about 12 minutes)")
+                        "the load began it bypassed the draft (about 30 minutes)")
     p.add_argument("--guidellm", action="store_true",
                    help="instead: GuideLLM (installed apart by `make guidellm`) beside kimi-eagle loadtest against the "
                         "profile and against --no-draft, one server at a time: GuideLLM's synthetic prompts and the "

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +32,8 @@ from kimi_eagle.bench.stats import Spread, spread
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile
+
+T = TypeVar("T")
 
 BIND_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 # vLLM's CPU platform turns `uni` back into `mp` unless V1 multiprocessing is off (vllm/platforms/cpu.py); the API
@@ -138,9 +140,17 @@ class ConfigsResult(BaseModel):
     verdict: str
 
 
-def rotated(configs: list[ServingConfig], round_no: int) -> list[ServingConfig]:
-    shift = (round_no - 1) % len(configs)
-    return configs[shift:] + configs[:shift]
+def rotated(items: list[T], round_no: int) -> list[T]:
+    """Round r's order: the items rotated by r - 1; once each has gone first, the rotations of the reverse order.
+
+    Rotations alone run each item after the same neighbour (A B C, B C A, C A B: C always follows B), so whatever a
+    load leaves behind for the sample after it (a server winding down, the caches it filled) would count against
+    one configuration only. Over 2n rounds every item is first twice and, for up to three items, runs right after
+    each other item equally often."""
+    n = len(items)
+    base = items if (round_no - 1) // n % 2 == 0 else items[::-1]
+    shift = (round_no - 1) % n
+    return base[shift:] + base[:shift]
 
 
 class ConfigsBench:

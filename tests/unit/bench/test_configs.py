@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import Counter
+from itertools import pairwise
 
 import pytest
 
@@ -97,6 +99,16 @@ def test_rounds_rotate_the_order_so_drift_spreads_over_every_configuration() -> 
     firsts = [rotated(MATRIX, r)[0] for r in range(1, len(MATRIX) + 1)]
     assert firsts == MATRIX
     assert sorted(c.name for c in rotated(MATRIX, 3)) == sorted(c.name for c in MATRIX)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_item_runs_right_after_every_other_equally_often_over_2n_rounds(n: int) -> None:
+    items = list(range(n))
+    orders = [rotated(items, r) for r in range(1, 2 * n + 1)]
+    follows = Counter(pair for order in orders for pair in pairwise(order))
+    assert set(follows) == {(a, b) for a in items for b in items if a != b}, orders
+    assert len(set(follows.values())) == 1, f"unbalanced: {dict(follows)} from {orders}"
+    assert Counter(order[0] for order in orders) == dict.fromkeys(items, 2), orders
 
 
 def _point(config: str, load: str, values: list[float], ratios: list[float] | None = None) -> ConfigPoint:
