@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from kimi_eagle.cli import fail
@@ -45,6 +46,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    started_at = time.perf_counter()
     extra = args.passthrough
     try:
         profile = load_profile(args.profile)
@@ -72,7 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
         # vLLM's own checks of the flags and the engine config take seconds, most of them importing vLLM, which the
         # server does too before it loads anything: both at once, and a refusal stops the server.
         return serve_in_foreground(command, "vLLM", args.ready_timeout, ready_note=note,
-                                   check_while_starting=lambda: vllm_refusal(command))
+                                   check_while_starting=lambda: vllm_refusal(command), started_at=started_at)
     except ServerStartError as exc:
         return fail("serve", str(exc))
 

@@ -34,12 +34,17 @@ def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) ->
     port = free_port()
     # vLLM's own log shares the CLI's stdout; stderr goes to a file so that no pipe fills up and blocks anyone.
     stderr = tmp_path / "stderr.log"
+    t0 = time.monotonic()
     with stderr.open("w") as err:
         process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True,
                                    preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         ready_line = next((line for line in process.stdout if line.startswith("Ready in")), "")
+        waited = time.monotonic() - t0
         assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, stderr.read_text()[-3000:]
+        # What the user waited, the pre-flight checks included (less the interpreter's start), not vLLM's part only.
+        printed = float(ready_line.split()[2].rstrip("s:"))
+        assert waited - 6 <= printed <= waited + 1, f"'{ready_line.strip()}' printed {waited:.0f} s after the command"
         children = psutil.Process(process.pid).children(recursive=True)
         assert children, "the vLLM server should be running under the CLI"
         assert_worker_inside_an_unbound_engine_core(children)
