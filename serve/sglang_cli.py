@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kimi_eagle.cli import fail
@@ -38,6 +39,7 @@ def add_sglang_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sglang_command(args: argparse.Namespace) -> int:
+    started_at = time.perf_counter()
     from kimi_eagle.serve.command import CommandError
     from kimi_eagle.serve.sglang import ViewError, build_sglang_command
 
@@ -57,16 +59,16 @@ def run_sglang_command(args: argparse.Namespace) -> int:
     if not args.launch:
         print(plan.command.printable())
         return 0
-    return _launch(plan.command, args.ready_timeout)
+    return _launch(plan.command, args.ready_timeout, started_at)
 
 
-def _launch(command: ServeCommand, ready_timeout: float) -> int:
+def _launch(command: ServeCommand, ready_timeout: float, started_at: float) -> int:
     from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
 
     python = command.argv[0]
     if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode != 0:
         return fail("sglang-command", f"{python} cannot import sglang: give --python /path/to/an-sglang-env/bin/python")
     try:
-        return serve_in_foreground(command, "SGLang", ready_timeout)
+        return serve_in_foreground(command, "SGLang", ready_timeout, started_at=started_at)
     except ServerStartError as exc:
         return fail("sglang-command", str(exc))
