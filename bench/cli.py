@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-profile", action="store_true",
                    help="with --tune: write the schedule into the profile's YAML file")
     p.add_argument("--rounds", type=int, help="with --configs, --bypass or --startup: rounds of the whole run "
-                                              "(default 3, 3 and 2): more rounds, a narrower spread")
+                                              "(default 3, 6 and 2): more rounds, a narrower spread")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --configs: only this dtype's half of the "
                                                                    "matrix")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
