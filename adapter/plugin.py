@@ -17,7 +17,15 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from kimi_eagle.adapter import compile_cache, cpu_fixes, cpu_layout, draft_bypass, mla_draft, spec_sampling
+    from kimi_eagle.adapter import (
+        compile_cache,
+        cpu_fixes,
+        cpu_layout,
+        draft_bypass,
+        mla_draft,
+        model_inspection,
+        spec_sampling,
+    )
 
     cpu_fixes.apply()
     spec_sampling.install()  # logit_bias and min_p under speculation, as the target alone applies them
@@ -25,6 +33,7 @@ def register() -> None:
     cpu_layout.install()
     draft_bypass.install()  # steps with k=0 skip the draft; with the runtime checks on, the fail-safe too
     compile_cache.install()  # before any model is compiled: the key must see what the model captures
+    model_inspection.install()  # on a CPU, no child Python per architecture on a first start
     if envs.runtime_checks():
         from kimi_eagle.adapter import acceptance_alarm, draft_guard
 
