@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,9 @@ def share_inductor_cache(key_dir: Path) -> bool:
         if not own.is_symlink() and own.is_dir() and not any(own.iterdir()):
             shared.mkdir(exist_ok=True)
             own.rmdir()
-            own.symlink_to(shared, target_is_directory=True)
+            # Relative to the link's folder: with a relative VLLM_CACHE_ROOT (`bench --startup`'s default), a link
+            # to `shared` as given dangles, and vLLM's next makedirs of the path fails the start.
+            own.symlink_to(os.path.relpath(shared, own.parent), target_is_directory=True)
     except OSError as exc:
         logger.debug("kimi-eagle: %s keeps an inductor cache of its own: %s", key_dir.name, exc)
     return own.is_symlink()

@@ -3,6 +3,9 @@ one inductor cache."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from kimi_eagle.adapter import compile_cache
@@ -68,3 +71,13 @@ def test_a_key_that_compiled_into_a_cache_of_its_own_keeps_it(tmp_path) -> None:
     (older / "inductor_cache" / "kernel.so").write_text("from before the plugin shared")
     assert not compile_cache.share_inductor_cache(older)
     assert (older / "inductor_cache" / "kernel.so").read_text() == "from before the plugin shared"
+
+
+def test_the_link_holds_under_a_relative_cache_root(tmp_path, monkeypatch) -> None:
+    """`bench --startup` gives each round a cache root under its relative --out: the link must resolve from there."""
+    monkeypatch.chdir(tmp_path)
+    key = _new_key(Path("results") / "vllm-cache", "d" * 64)
+    assert compile_cache.share_inductor_cache(key)
+    assert (key / "inductor_cache").resolve() == (tmp_path / "results" / "vllm-cache" / "torch_compile_cache"
+                                                  / compile_cache.SHARED_INDUCTOR_CACHE)
+    os.makedirs(key / "inductor_cache", exist_ok=True)  # what vLLM does with it at each compile
