@@ -168,13 +168,14 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
 
 def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path) -> None:
     """`bench --startup --quick`: `kimi-eagle serve` twice on an empty compile cache of its own; the second start
-    loads what the first compiled, and is the faster."""
+    loads what the first compiled, and is the faster. The output folder is relative, as `make bench`'s default
+    `bench/results` is: the compile cache under it is then relative too."""
     from kimi_eagle.bench.startup import StartupResult
 
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--startup", "--quick", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+                           "results"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
-    [json_path] = tmp_path.glob("startup-quick-*.json")
+    [json_path] = (tmp_path / "results").glob("startup-quick-*.json")
     result = StartupResult.model_validate_json(json_path.read_text())
     first, second = result.starts
     assert (first.start, first.cache_files_before) == ("first", 0)
