@@ -11,13 +11,10 @@ already made (0.4 s for Kimi-K2.5). The answer and its cache are vLLM's own; onl
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TypeVar
 
 from kimi_eagle.adapter import compat
-
-logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
 _T = TypeVar("_T")
 
