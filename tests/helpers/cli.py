@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
+
+import pytest
 
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())  # the checkout
 DATA = REPO / "tests" / "data"
@@ -17,6 +21,23 @@ def run_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None)
     """`kimi-eagle ARGS`, its output captured as text; `env` is added to ours."""
     return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+def run_cli_here(capfd: pytest.CaptureFixture[str], *args: str, env: dict[str, str] | None = None
+                 ) -> subprocess.CompletedProcess:
+    """`kimi-eagle ARGS` by its `main`, in this process, with what `run_cli` gives: for the commands that check with
+    vLLM's own code (a dry run), because a child imports vLLM again each time, 9-10 s on one core, and this process
+    once. Where the console script and the process's own exit are what is tested, `run_cli` and the e2e tests."""
+    from kimi_eagle.cli import main
+
+    capfd.readouterr()  # what came before is not this command's
+    with mock.patch.dict(os.environ, env or {}), contextlib.chdir(REPO):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's own exits: --help, a bad flag
+            code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([*CLI, *args], code, out, err)
 
 
 def exit_message(done: subprocess.CompletedProcess, expected: int = 0) -> str:

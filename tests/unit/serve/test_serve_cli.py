@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import load_profile
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, run_cli_here
 
 
 def test_fixtures_where_prints_the_pair() -> None:
@@ -19,8 +21,8 @@ def test_fixtures_where_prints_the_pair() -> None:
     assert result.stdout.splitlines() == [f"target={TARGET_DIR}", f"draft={DRAFT_DIR}"]
 
 
-def test_dry_run_prints_the_vllm_command_with_overrides_applied() -> None:
-    result = run_cli("serve", "--dry-run", "--port", "8123", "-k", "5", "--", "--max-num-seqs", "4")
+def test_dry_run_prints_the_vllm_command_with_overrides_applied(capfd: pytest.CaptureFixture[str]) -> None:
+    result = run_cli_here(capfd, "serve", "--dry-run", "--port", "8123", "-k", "5", "--", "--max-num-seqs", "4")
     assert result.returncode == 0, result.stderr
     words = shlex.split(result.stdout.strip().splitlines()[-1])
     assert words[words.index("--port") + 1] == "8123"
@@ -38,8 +40,8 @@ def test_port_and_host_after_the_separator_are_the_ones_waited_on() -> None:
     assert command.argv.count("--host") == 1 and command.argv[command.argv.index("--host") + 1] == "localhost"
 
 
-def test_no_draft_serves_the_target_alone() -> None:
-    result = run_cli("serve", "--dry-run", "--no-draft")
+def test_no_draft_serves_the_target_alone(capfd: pytest.CaptureFixture[str]) -> None:
+    result = run_cli_here(capfd, "serve", "--dry-run", "--no-draft")
     assert result.returncode == 0, result.stderr
     assert "--speculative-config" not in result.stdout
     assert "--per-request-spec-decode-metrics" not in result.stdout  # vLLM refuses it without speculation
@@ -50,8 +52,8 @@ def test_the_profile_asks_for_per_request_acceptance_with_the_draft() -> None:
     assert words[words.index("--per-request-spec-decode-metrics") + 1] == "summary"
 
 
-def test_unknown_vllm_flag_is_refused_before_anything_starts() -> None:
-    result = run_cli("serve", "--dry-run", "--", "--no-such-flag")
+def test_unknown_vllm_flag_is_refused_before_anything_starts(capfd: pytest.CaptureFixture[str]) -> None:
+    result = run_cli_here(capfd, "serve", "--dry-run", "--", "--no-such-flag")
     assert result.returncode == 2
     assert "--no-such-flag" in result.stderr
 
@@ -62,11 +64,11 @@ def test_unknown_profile_lists_the_known_ones() -> None:
     assert "known profiles are" in result.stderr and "tiny-cpu" in result.stderr
 
 
-def test_binding_beyond_loopback_requires_an_api_key() -> None:
-    refused = run_cli("serve", "--dry-run", "--host", "0.0.0.0", env={"VLLM_API_KEY": ""})
+def test_binding_beyond_loopback_requires_an_api_key(capfd: pytest.CaptureFixture[str]) -> None:
+    refused = run_cli_here(capfd, "serve", "--dry-run", "--host", "0.0.0.0", env={"VLLM_API_KEY": ""})
     assert refused.returncode == 2
     assert "API key" in refused.stderr
-    allowed = run_cli("serve", "--dry-run", "--host", "0.0.0.0", "--api-key", "s3cret-key")
+    allowed = run_cli_here(capfd, "serve", "--dry-run", "--host", "0.0.0.0", "--api-key", "s3cret-key")
     assert allowed.returncode == 0, allowed.stderr
     assert "s3cret-key" not in allowed.stdout + allowed.stderr
 
