@@ -5,7 +5,8 @@ saved (vLLM's cache, made reusable on CPU and keyed by the capture in `adapter/c
 `kimi-eagle serve PROFILE` (what `make serve` runs once the venv is in place) an empty `VLLM_CACHE_ROOT` of its own
 and starts it twice: the first start with nothing compiled, the second with what the first saved. Each start is
 timed as a user sees it, from the command to its `Ready in` line (pre-flight checks, vLLM's start-up, the model
-answering /health), then stopped as Ctrl-C would (SIGTERM takes the same path).
+answering /health). Each start then answers one greedy request, and is stopped as Ctrl-C would (SIGTERM takes the
+same path): a second start that loaded the compiled graphs must answer as the first, which compiled them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +25,7 @@ import psutil
 import yaml
 from pydantic import BaseModel, Field
 
+from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.stats import Spread, spread
@@ -34,6 +36,8 @@ from kimi_eagle.serve.server_log import describe_failure
 
 SECOND_START_GOAL_S = 45.0  # issue 18: every start after the first, to Ready, on this 2-core machine
 READY_PREFIX = "Ready in "  # the line `kimi-eagle serve` prints once the server answers (serve/launch.py)
+LOADED_MARK = "[backbone] Directly load AOT compilation"  # vLLM's line for a target graph read from its cache
+ANSWER_TOKENS = 32
 START_TIMEOUT_S = 600.0
 
 
@@ -51,6 +55,10 @@ class Start(BaseModel):
     start: Literal["first", "second"]
     seconds_to_ready: float = Field(description="From the command to its `Ready in` line.")
     cache_files_before: int = Field(description="Files in the round's VLLM_CACHE_ROOT when the start began.")
+    loaded_compiled_target: bool | None = Field(default=None, description="vLLM read the target's compiled graph "
+                                                "from the cache (its log says so) instead of compiling it.")
+    answer_token_ids: list[int] | None = Field(default=None, description="The token ids of a greedy answer to the "
+                                               "first prompt, asked once the start was Ready.")
 
 
 class StartupResult(BaseModel):
@@ -71,6 +79,7 @@ class StartupBench:
                  prompts: list[str], files_dir: Path, command_line: str, say: Callable[[str], None]) -> None:
         self.plan, self.profile, self.files_dir = plan, profile, files_dir
         self.target, self.draft, self.command_line, self.say = target, draft, command_line, say
+        self.prompt = prompts[0] if prompts else "The"
         # The profile as loaded, as a file of its own: `serve` takes a name or a file, and a name is not kept.
         self.profile_file = files_dir / f"{profile.name}.yaml"
         files_dir.mkdir(parents=True, exist_ok=True)
@@ -85,8 +94,10 @@ class StartupBench:
             for which in ("first", "second"):
                 files = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
                 log = self.files_dir / "logs" / f"{which}-r{round_no}.log"
-                seconds = self._start(cache, log)
-                starts.append(Start(round=round_no, start=which, seconds_to_ready=seconds, cache_files_before=files))
+                seconds, answer = self._start(cache, log)
+                starts.append(Start(round=round_no, start=which, seconds_to_ready=seconds, cache_files_before=files,
+                                    loaded_compiled_target=LOADED_MARK in log.read_text(errors="replace"),
+                                    answer_token_ids=answer))
                 self.say(f"  round {round_no}/{self.plan.rounds}, {which} start: Ready after {seconds:.1f}s "
                          f"({files} files in the compile cache before)")
             shutil.rmtree(cache, ignore_errors=True)  # compiled graphs, tens of MB a round; the logs stay
@@ -94,11 +105,13 @@ class StartupBench:
         second = spread([s.seconds_to_ready for s in starts if s.start == "second"])
         return StartupResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
                              machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
-                             starts=starts, first=first, second=second, verdict=verdict(first, second))
+                             starts=starts, first=first, second=second, verdict=verdict(first, second, starts))
 
-    def _start(self, cache: Path, log: Path) -> float:
-        """`kimi-eagle serve` as a user runs it; seconds to its Ready line; stopped before returning."""
-        argv = [sys.executable, "-m", "kimi_eagle.cli", "serve", str(self.profile_file), "--port", str(free_port())]
+    def _start(self, cache: Path, log: Path) -> tuple[float, list[int]]:
+        """`kimi-eagle serve` as a user runs it; seconds to its Ready line and the token ids of its greedy answer to
+        the first prompt; stopped before returning."""
+        port = free_port()
+        argv = [sys.executable, "-m", "kimi_eagle.cli", "serve", str(self.profile_file), "--port", str(port)]
         argv += [*(["--target", self.target] if self.target else []), *(["--draft", self.draft] if self.draft else [])]
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "VLLM_CACHE_ROOT": str(cache)}
@@ -118,7 +131,9 @@ class StartupBench:
                     out.flush()
                     raise ServerStartError(f"`{' '.join(argv)}` did not print its Ready line; "
                                            f"{describe_failure(log, None)}")
-                return seconds
+                client = BenchClient(f"http://{self.profile.host}:{port}", self.profile.served_model_name,
+                                     ANSWER_TOKENS, timeout_s=120)
+                return seconds, client.complete(self.prompt).token_ids
             finally:
                 _stop(process)
 
@@ -141,10 +156,30 @@ def _stop(process: subprocess.Popen) -> None:
         child.kill()
 
 
-def verdict(first: Spread, second: Spread) -> str:
+def verdict(first: Spread, second: Spread, starts: Sequence[Start] = ()) -> str:
     met = "meets" if second.max <= SECOND_START_GOAL_S else "misses"
-    return (f"first start (nothing compiled) {_seconds(first)} to Ready, every later start {_seconds(second)} "
+    said = (f"first start (nothing compiled) {_seconds(first)} to Ready, every later start {_seconds(second)} "
             f"({met} the {SECOND_START_GOAL_S:.0f} s goal)")
+    seconds = [s for s in starts if s.start == "second"]
+    if any(s.loaded_compiled_target is False for s in seconds):
+        said += "; a second start compiled the target again instead of loading it (its log, under logs/, says why)"
+    answers = {(s.round, s.start): s.answer_token_ids for s in starts}
+    if any(s.answer_token_ids != answers[(s.round, "first")] for s in seconds):
+        said += ("; a second start answered otherwise than the first, greedy: the graphs it loaded from the compile "
+                 "cache compute something else (delete the cache's torch_compile_cache folder, and report it)")
+    return said
+
+
+def _graph(loaded: bool | None) -> str:
+    return "-" if loaded is None else "loaded" if loaded else "compiled"
+
+
+def _answer(start: Start, first: list[int] | None) -> str:
+    if start.answer_token_ids is None:
+        return "-"
+    if start.start == "first":
+        return f"{len(start.answer_token_ids)} tokens"
+    return "as the first" if start.answer_token_ids == first else "DIFFERS from the first"
 
 
 def _seconds(s: Spread) -> str:
@@ -155,8 +190,13 @@ def markdown(result: StartupResult) -> str:
     lines = [f"# Start-up of `kimi-eagle serve {result.profile}` to its Ready line", "",
              run_line(result.command, result.started_utc, result.duration_s, result.machine)
              + f"{result.plan.rounds} rounds, each with an empty VLLM_CACHE_ROOT of its own: a first start with "
-             "nothing compiled, then a second start with what the first saved.", "",
-             "| round | start | seconds to Ready | files in the compile cache before |", "|---|---|---|---|"]
-    lines += [f"| {s.round} | {s.start} | {s.seconds_to_ready:.1f} | {s.cache_files_before} |" for s in result.starts]
+             "nothing compiled, then a second start with what the first saved. Each start answers one greedy "
+             f"request of {ANSWER_TOKENS} tokens once Ready.", "",
+             "| round | start | seconds to Ready | files in the compile cache before | target graph | answer |",
+             "|---|---|---|---|---|---|"]
+    answers = {(s.round, s.start): s.answer_token_ids for s in result.starts}
+    lines += [f"| {s.round} | {s.start} | {s.seconds_to_ready:.1f} | {s.cache_files_before} | "
+              f"{_graph(s.loaded_compiled_target)} | {_answer(s, answers[(s.round, 'first')])} |"
+              for s in result.starts]
     lines += ["", f"**{result.verdict}.**", ""]
     return "\n".join(lines)

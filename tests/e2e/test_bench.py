@@ -168,19 +168,24 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
 
 def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path) -> None:
     """`bench --startup --quick`: `kimi-eagle serve` twice on an empty compile cache of its own; the second start
-    loads what the first compiled, and is the faster. The output folder is relative, as `make bench`'s default
-    `bench/results` is: the compile cache under it is then relative too."""
-    from kimi_eagle.bench.startup import StartupResult
+    loads the target's graph the first compiled, is the faster, and answers as the first did (the loaded graph
+    computes what the compiled one did). The output folder is relative, as `make bench`'s default `bench/results`
+    is: the compile cache under it is then relative too."""
+    from kimi_eagle.bench import startup
 
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--startup", "--quick", "--out",
                            "results"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
     [json_path] = (tmp_path / "results").glob("startup-quick-*.json")
-    result = StartupResult.model_validate_json(json_path.read_text())
+    result = startup.StartupResult.model_validate_json(json_path.read_text())
     first, second = result.starts
     assert (first.start, first.cache_files_before) == ("first", 0)
     assert second.start == "second" and second.cache_files_before > 0
     assert second.seconds_to_ready < first.seconds_to_ready
+    assert (first.loaded_compiled_target, second.loaded_compiled_target) == (False, True), \
+        "the first start should compile the target's graph and the second load it"
+    assert first.answer_token_ids and len(first.answer_token_ids) == startup.ANSWER_TOKENS
+    assert second.answer_token_ids == first.answer_token_ids, "the loaded graph answered otherwise than the compiled"
     assert result.verdict in done.stdout
 
 

@@ -19,18 +19,34 @@ def test_the_verdict_judges_every_later_start_by_its_slowest() -> None:
     assert "misses the 45 s goal" in startup.verdict(first, slow)  # one slow second start is a miss
 
 
+def test_the_verdict_names_a_second_start_that_compiled_again_or_answered_otherwise() -> None:
+    def starts(loaded: bool, second_answer: list[int]) -> list[startup.Start]:
+        return [startup.Start(round=1, start="first", seconds_to_ready=86.0, cache_files_before=0,
+                              loaded_compiled_target=False, answer_token_ids=[5, 6, 7]),
+                startup.Start(round=1, start="second", seconds_to_ready=31.2, cache_files_before=41,
+                              loaded_compiled_target=loaded, answer_token_ids=second_answer)]
+
+    first, second = spread([86.0]), spread([31.2])
+    assert startup.verdict(first, second, starts(True, [5, 6, 7])) == startup.verdict(first, second)
+    assert "compiled the target again instead of loading it" in startup.verdict(first, second, starts(False, [5, 6, 7]))
+    assert "answered otherwise than the first" in startup.verdict(first, second, starts(True, [5, 6, 8]))
+
+
 def test_the_report_lists_each_start_with_what_the_cache_held(tmp_path: Path) -> None:
     from kimi_eagle.bench.run import machine_now
 
-    starts = [startup.Start(round=1, start="first", seconds_to_ready=86.0, cache_files_before=0),
-              startup.Start(round=1, start="second", seconds_to_ready=31.2, cache_files_before=41)]
+    starts = [startup.Start(round=1, start="first", seconds_to_ready=86.0, cache_files_before=0,
+                            loaded_compiled_target=False, answer_token_ids=[1, 2, 3]),
+              startup.Start(round=1, start="second", seconds_to_ready=31.2, cache_files_before=41,
+                            loaded_compiled_target=True, answer_token_ids=[1, 2, 3])]
     first, second = spread([86.0]), spread([31.2])
     result = startup.StartupResult(command="kimi-eagle bench --startup", started_utc="2026-12-01T15:00:00Z",
                                    duration_s=130, machine=machine_now((0.0, 0.0, 0.0)), profile="tiny-cpu",
                                    plan=startup.FULL, starts=starts, first=first, second=second,
-                                   verdict=startup.verdict(first, second))
+                                   verdict=startup.verdict(first, second, starts))
     text = startup.markdown(result)
-    assert "| 1 | first | 86.0 | 0 |" in text and "| 1 | second | 31.2 | 41 |" in text
+    assert "| 1 | first | 86.0 | 0 | compiled | 3 tokens |" in text
+    assert "| 1 | second | 31.2 | 41 | loaded | as the first |" in text
     assert "**first start (nothing compiled) 86.0 s to Ready, every later start 31.2 s (meets" in text
 
 
