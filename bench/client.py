@@ -18,7 +18,7 @@ from typing import NamedTuple
 import requests
 
 from kimi_eagle.acceptance import Acceptance
-from kimi_eagle.loadtest.engines import get_engine
+from kimi_eagle.loadtest.engines import api_key_from_env, auth_headers, get_engine
 
 
 class BenchRequestError(RuntimeError):
@@ -58,6 +58,8 @@ class BenchClient:
         self.stream, self.temperature = stream, temperature
         self._local = threading.local()
         self._engine = get_engine("vllm", url)
+        # `kimi-eagle serve` protects the server with VLLM_API_KEY from the environment, on loopback too.
+        self._headers = auth_headers(api_key_from_env())
 
     def _session(self) -> requests.Session:
         if not hasattr(self._local, "session"):
@@ -76,12 +78,12 @@ class BenchClient:
         try:
             try:
                 response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s,
-                                                stream=self.stream)
+                                                stream=self.stream, headers=self._headers)
             except requests.ConnectionError:
                 # Once, on a new connection: a kept-alive one the server closed as we sent is not the server failing.
                 self._local.session = requests.Session()
                 response = self._session().post(f"{self.url}/v1/completions", json=body, timeout=self.timeout_s,
-                                                stream=self.stream)
+                                                stream=self.stream, headers=self._headers)
             if response.status_code != 200:
                 raise BenchRequestError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}")
             payload = self._streamed(response) if self.stream else response.json()

@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from kimi_eagle.acceptance import Acceptance
-from kimi_eagle.bench.client import Sample
+from kimi_eagle.bench.client import BenchClient, BenchRequestError, Sample
 from kimi_eagle.bench.plan import FULL, QUICK, BenchPlan
 from kimi_eagle.bench.report import markdown, profile_setting
 from kimi_eagle.bench.result import BenchResult, CeilingProbe, Machine, ThroughputPoint
@@ -29,6 +30,7 @@ from kimi_eagle.bench.speedup_model import CostModel, fit_cost_model, recommend,
 from kimi_eagle.bench.stats import paired_ratios, spread
 from kimi_eagle.cli import main
 from kimi_eagle.fixtures.pair_spec import PREDICTABLE_PROMPTS_FILE
+from tests.helpers.sglang_stand_in import StandIn
 
 PER_POSITION = [0.9, 0.8, 0.7, 0.5, 0.3]
 
@@ -235,3 +237,19 @@ def test_cli_refuses_missing_prompts_and_vllm_flags(tmp_path, capsys):
     assert main(["bench", "--profile", "no-such-profile"]) == 2
     assert "known profiles" in capsys.readouterr().err
 
+
+
+def test_the_bench_client_sends_the_api_key_serve_protects_the_server_with(sglang_recordings: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kimi-eagle serve` takes VLLM_API_KEY from the environment, on loopback too: every bench mode's requests
+    carry it (they got 401 before), and a server that wants another key is a request error that says so."""
+    stand_in = StandIn(sglang_recordings, line_delay_s=0, key="bench-key")  # its recorded stream: 16 tokens
+    try:
+        monkeypatch.setenv("VLLM_API_KEY", "bench-key")
+        assert BenchClient(stand_in.url, "m", 16, stream=True).complete("x").completion_tokens == 16
+        monkeypatch.setenv("VLLM_API_KEY", "another-key")
+        with pytest.raises(BenchRequestError, match="HTTP 401"):
+            BenchClient(stand_in.url, "m", 16, stream=True).complete("x")
+    finally:
+        stand_in.close()
+    assert stand_in.authorizations == ["Bearer bench-key", "Bearer another-key"]
