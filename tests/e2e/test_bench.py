@@ -14,7 +14,7 @@ from kimi_eagle.bench import configs
 from kimi_eagle.bench.plan import QUICK
 from kimi_eagle.bench.result import BenchResult
 from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
-from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, PREDICTABLE_PROMPTS_FILE, TARGET_DIR
 from kimi_eagle.loadtest import serve_bench
 from tests.helpers.cli import exit_message
 from tests.helpers.server import EXACT_PROFILE
@@ -116,8 +116,12 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
 
     profile = tmp_path / "tiny-cpu-exact.yaml"
     profile.write_text((PROFILES_DIR / f"{EXACT_PROFILE}.yaml").read_text())
+    # The prompts the draft predicts best: on the held-out ones, one quick round on one core often found no k faster
+    # than the target alone, and the run stopped after the sweep, with the schedule, its proof and the profile
+    # written never reached (three runs of the suite of four on 2026-12-05).
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--tune", "--quick", "--out",
-                           str(tmp_path), "--profile", str(profile), "--write-profile"],
+                           str(tmp_path), "--profile", str(profile), "--write-profile",
+                           "--prompts", str(PREDICTABLE_PROMPTS_FILE)],
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("tune-quick-*.json")
@@ -127,9 +131,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
     assert {p.config for p in result.sweep} == {"alone", *(f"k={k}" for k in TUNE_QUICK.ks)}, "the sweep's servers"
     assert all(p.tokens_per_s.min > 0 and p.tokens_per_s.n == TUNE_QUICK.rounds for p in result.sweep)
     assert result.verdict in done.stdout
-    if result.schedule is None:  # possible on a machine where the draft never pays: then nothing is written
-        assert "serve this pair without its draft" in result.verdict
-        return
+    assert result.schedule is not None, f"the draft paid at no load on the prompts it predicts best: {result.verdict}"
     assert result.schedule[0][0] == 1 and result.schedule[-1][1] == 16
     assert {p.config for p in result.proof} >= {"alone", "tuned"}
     assert all(p.tokens_per_s.n == TUNE_QUICK.proof_rounds for p in result.proof)
