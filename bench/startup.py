@@ -163,11 +163,16 @@ def verdict(first: Spread, second: Spread, starts: Sequence[Start] = ()) -> str:
     seconds = [s for s in starts if s.start == "second"]
     if any(s.loaded_compiled_target is False for s in seconds):
         said += "; a second start compiled the target again instead of loading it (its log, under logs/, says why)"
-    answers = {(s.round, s.start): s.answer_token_ids for s in starts}
-    if any(s.answer_token_ids != answers[(s.round, "first")] for s in seconds):
+    firsts = _first_answers(starts)
+    if any(s.answer_token_ids != firsts[s.round] for s in seconds):
         said += ("; a second start answered otherwise than the first, greedy: the graphs it loaded from the compile "
                  "cache compute something else (delete the cache's torch_compile_cache folder, and report it)")
     return said
+
+
+def _first_answers(starts: Sequence[Start]) -> dict[int, list[int] | None]:
+    """Each round's answer of the start that compiled the graphs."""
+    return {s.round: s.answer_token_ids for s in starts if s.start == "first"}
 
 
 def _graph(loaded: bool | None) -> str:
@@ -194,9 +199,8 @@ def markdown(result: StartupResult) -> str:
              f"request of {ANSWER_TOKENS} tokens once Ready.", "",
              "| round | start | seconds to Ready | files in the compile cache before | target graph | answer |",
              "|---|---|---|---|---|---|"]
-    answers = {(s.round, s.start): s.answer_token_ids for s in result.starts}
+    firsts = _first_answers(result.starts)
     lines += [f"| {s.round} | {s.start} | {s.seconds_to_ready:.1f} | {s.cache_files_before} | "
-              f"{_graph(s.loaded_compiled_target)} | {_answer(s, answers[(s.round, 'first')])} |"
-              for s in result.starts]
+              f"{_graph(s.loaded_compiled_target)} | {_answer(s, firsts[s.round])} |" for s in result.starts]
     lines += ["", f"**{result.verdict}.**", ""]
     return "\n".join(lines)
