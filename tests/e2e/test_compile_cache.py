@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from kimi_eagle.adapter.compile_cache import SHARED_INDUCTOR_CACHE
+from kimi_eagle.bench.startup import LOADED_MARK
 from tests.helpers.server import Server
 
 pytestmark = pytest.mark.e2e
-# vLLM's line for the target's graph: saved where the session compiled it, loaded where an earlier run had.
-TARGET_GRAPH = re.compile(r"\[backbone\] (?:saved AOT compiled function to|Directly load AOT compilation from path) "
-                          r"(\S+)")
+# vLLM's line for the target's graph: saved where the session compiled it, loaded (the start-up bench's mark) where
+# an earlier run had.
+TARGET_GRAPH = re.compile(rf"(?:\[backbone\] saved AOT compiled function to|{re.escape(LOADED_MARK)} from path) (\S+)")
 
 
 def test_the_session_servers_key_compiles_into_the_shared_inductor_cache(spec_server: Server) -> None:
