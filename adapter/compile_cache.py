@@ -12,6 +12,13 @@ vLLM 0.32 saves each model's AOT compile result under a hash of the config and l
   its fault injection all reach the same key as another capture, and a start would run a graph traced for other
   layers, silently. The key gets the layers the model captures when it is compiled, wherever they came from.
 
+And one saving: with an EAGLE-3 draft, the target's key holds the whole draft (its path, its config), though the
+only part of it in the target's graph is the capture. So each new draft folder (a retrained draft, another layout,
+the random draft of `bench --bypass`) traced the unchanged target again: 17-20 s for the tiny pair on one core,
+minutes for Kimi-K2.5. Here a target that captures aux layers is keyed by the config without the draft plus the
+layers it captures; the draft's own graph, and every model of other speculative methods (whose configs feed more
+into the target's graph), keep vLLM's key.
+
 One saving besides: vLLM gives each key an inductor cache of its own (`{key}/inductor_cache`), and the key holds
 the paths of the target and the draft, so a new draft directory (a retrained draft, a copy, a random draft of
 `bench --bypass`) compiles every kernel of the unchanged target again. Inductor's caches are keyed by the graph's
@@ -22,6 +29,7 @@ started in 45 s instead of 85 s, the target's graph compiled in 17 s instead of 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -43,17 +51,43 @@ def _captured_layers(fn: Callable[..., Any]) -> tuple[int, ...] | None:
     return None if layers is None else tuple(int(i) for i in layers)
 
 
+def _eagle3(vllm_config: Any) -> Any:
+    """The speculative config when it is EAGLE-3's, else None."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    return speculative if getattr(speculative, "method", None) == "eagle3" else None
+
+
 def _keyed_by_captured_layers(model_hash_key: Callable[[Callable[..., Any]], str]) -> Callable[..., str]:
+    """The model's part of the key: vLLM's, plus the layers a target captures; plus the EAGLE-3 config for every
+    other model, whose config part (`_config_factors_without_the_draft`) no longer holds it."""
     def key(fn: Callable[..., Any]) -> str:
         upstream = model_hash_key(fn)
         layers = _captured_layers(fn)
-        if not layers:
+        if layers:
+            return hashlib.sha256(f"{upstream}|aux_hidden_state_layers={layers}".encode()).hexdigest()
+        speculative = _eagle3(getattr(getattr(fn, "__self__", None), "vllm_config", None))
+        if speculative is None:
             return upstream
-        return hashlib.sha256(f"{upstream}|aux_hidden_state_layers={layers}".encode()).hexdigest()
+        return hashlib.sha256(f"{upstream}|speculative_config={speculative.compute_hash()}".encode()).hexdigest()
 
     key.kimi_eagle_wrapped = True
     key.upstream = model_hash_key
     return key
+
+
+def _config_factors_without_the_draft(hash_factors: Callable[[Any], list[str]]) -> Callable[[Any], list[str]]:
+    """The config's part of the key, with an EAGLE-3 config left out: the model's part says what of it the graph
+    holds (the captured layers for the target, the whole config for the draft)."""
+    def factors(vllm_config: Any) -> list[str]:
+        if _eagle3(vllm_config) is None:
+            return hash_factors(vllm_config)
+        without = copy.copy(vllm_config)  # a shallow copy: the engine's own config is not touched
+        without.speculative_config = None
+        return hash_factors(without)
+
+    factors.kimi_eagle_wrapped = True
+    factors.upstream = hash_factors
+    return factors
 
 
 def _finalize_plain_functions(load_compiled_function: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,15 +134,18 @@ def _sharing_the_inductor_cache(try_load: Callable[..., Any]) -> Callable[..., A
 
 
 def install() -> bool:
-    """Key the cache by the captured layers and share inductor's cache between keys (any platform); on a CPU, let
-    its saved results load."""
+    """Key the cache by the captured layers (a target's not by the rest of its EAGLE-3 draft) and share inductor's
+    cache between keys (any platform); on a CPU, let its saved results load."""
     if not compat.supported("compile cache reuse"):
         return False
-    from vllm.compilation import decorators
+    from vllm.compilation import caching, decorators
     from vllm.platforms import current_platform
 
+    # The model's part first: were the config's part installed alone, a draft's key would no longer hold the draft.
     if not getattr(decorators._model_hash_key, "kimi_eagle_wrapped", False):
         decorators._model_hash_key = _keyed_by_captured_layers(decorators._model_hash_key)
+    if not getattr(caching.aot_compile_hash_factors, "kimi_eagle_wrapped", False):
+        caching.aot_compile_hash_factors = _config_factors_without_the_draft(caching.aot_compile_hash_factors)
     if not getattr(decorators._try_load_aot_compiled_fn, "kimi_eagle_wrapped", False):
         decorators._try_load_aot_compiled_fn = _sharing_the_inductor_cache(decorators._try_load_aot_compiled_fn)
     if current_platform.is_cpu() and not getattr(torch.compiler.load_compiled_function, "kimi_eagle_wrapped", False):

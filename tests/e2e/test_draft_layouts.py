@@ -10,6 +10,7 @@ import pytest
 
 from kimi_eagle.adapter.checks.layout import draft_spec
 from kimi_eagle.bench.client import BenchClient
+from kimi_eagle.bench.startup import LOADED_MARK
 from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
 from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, MLA_DRAFT_DIR, TARGET_DIR
 from kimi_eagle.processes import free_port
@@ -50,6 +51,9 @@ def test_a_specforge_layout_copy_of_the_draft_serves_at_the_same_acceptance(spec
             prompts, 1, len(prompts), with_acceptance=True)
     log = (tmp_path / "specforge.log").read_text()
     assert "Using auxiliary layers from speculative config: (2, 4, 6)" in log or "aux layers [2, 4, 6]" in log
+    # The target's graph is the one traced beside the shipped draft (the session's server): a new draft folder with
+    # the same capture does not trace the target again (`adapter/compile_cache.py`).
+    assert LOADED_MARK in log, "the target's graph was traced again for a draft that captures the same layers"
     print(f"\nspeculators layout: mean acceptance length {reference.acceptance.mean_acceptance_length:.3f}; "
           f"SpecForge layout: {served.acceptance.mean_acceptance_length:.3f}")
     assert served.token_ids == reference.token_ids  # float32, greedy: the target's own output either way

@@ -1,20 +1,30 @@
-"""`kimi-eagle serve` as a user runs it, through to a running server and its stop."""
+"""`kimi-eagle serve` as a user runs it, through to a running server and its stop, and the API key enforced on
+every route that does work, checked on that server."""
 
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
 import requests
 
 from kimi_eagle.processes import free_port
+from kimi_eagle.serve.command import API_KEY_ENV
 from tests.helpers.cli import CLI
 from tests.helpers.terminal import ctrl_c_as_in_a_terminal
+
+# The module's tests share one `kimi-eagle serve` (the fixture `served`): one worker, in the file's order.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("serve-cli")]
+MODEL = "tiny-kimi-k25"
 
 
 def assert_worker_inside_an_unbound_engine_core(processes: list[psutil.Process]) -> None:
@@ -29,38 +39,115 @@ def assert_worker_inside_an_unbound_engine_core(processes: list[psutil.Process])
         assert set(psutil.Process(thread.id).cpu_affinity()) == allowed
 
 
-@pytest.mark.e2e
-def test_serve_prints_url_when_ready_and_ctrl_c_stops_every_process(tmp_path) -> None:
-    port = free_port()
-    # vLLM's own log shares the CLI's stdout; stderr goes to a file so that no pipe fills up and blocks anyone.
-    stderr = tmp_path / "stderr.log"
+@dataclass
+class Served:
+    """`kimi-eagle serve` run as a user runs it, with `VLLM_API_KEY` exported: the default profile on loopback."""
+    process: subprocess.Popen
+    url: str
+    key: str
+    ready_line: str
+    waited_s: float  # from the command to its "Ready in" line, as the user waited
+    output: Path  # what the user's terminal shows: the CLI's and vLLM's stdout and stderr
+
+    def alive(self) -> None:
+        if self.process.poll() is not None:
+            pytest.fail(f"`kimi-eagle serve` exited {self.process.returncode} before this test (the Ctrl-C test stops "
+                        f"it and runs last): {self.output.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server for the module's tests: it also carries the API key, so that the key's checks need no server of
+    their own; the Ctrl-C test, last, stops it."""
+    port, key = free_port(), secrets.token_urlsafe(32)
+    output = tmp_path_factory.mktemp("serve-cli") / "terminal.log"
     t0 = time.monotonic()
-    with stderr.open("w") as err:
-        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True,
-                                   preexec_fn=ctrl_c_as_in_a_terminal)
+    with output.open("w") as out:  # a file, not a pipe: nothing reads the output while the tests send requests
+        process = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                   text=True, env={**os.environ, API_KEY_ENV: key}, preexec_fn=ctrl_c_as_in_a_terminal)
     try:
-        ready_line = next((line for line in process.stdout if line.startswith("Ready in")), "")
+        ready_line = ""
+        while not ready_line and process.poll() is None and time.monotonic() - t0 < 600:
+            ready_line = next((line for line in output.read_text().splitlines() if line.startswith("Ready in")), "")
+            time.sleep(0.2)
         waited = time.monotonic() - t0
-        assert f"http://127.0.0.1:{port}/v1" in ready_line and "tiny-kimi-k25" in ready_line, stderr.read_text()[-3000:]
-        # What the user waited, the pre-flight checks included (less the interpreter's start), not vLLM's part only.
-        printed = float(ready_line.split()[2].rstrip("s:"))
-        assert waited - 6 <= printed <= waited + 1, f"'{ready_line.strip()}' printed {waited:.0f} s after the command"
-        children = psutil.Process(process.pid).children(recursive=True)
-        assert children, "the vLLM server should be running under the CLI"
-        assert_worker_inside_an_unbound_engine_core(children)
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
-            assert time.monotonic() < deadline, "vLLM processes left running after Ctrl-C"
-            time.sleep(0.5)
+        assert ready_line, f"`kimi-eagle serve` printed no Ready line: {output.read_text()[-3000:]}"
+        yield Served(process, f"http://127.0.0.1:{port}", key, ready_line, waited, output)
     finally:
         if process.poll() is None:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
             process.kill()
 
 
+def test_serve_prints_url_when_ready(served: Served) -> None:
+    served.alive()
+    assert f"{served.url}/v1" in served.ready_line and "tiny-kimi-k25" in served.ready_line, served.ready_line
+    # What the user waited, the pre-flight checks included (less the interpreter's start), not vLLM's part only.
+    printed = float(served.ready_line.split()[2].rstrip("s:"))
+    assert served.waited_s - 6 <= printed <= served.waited_s + 1, \
+        f"'{served.ready_line.strip()}' printed {served.waited_s:.0f} s after the command"
+    assert_worker_inside_an_unbound_engine_core(psutil.Process(served.process.pid).children(recursive=True))
 
-@pytest.mark.e2e
+
+# --- the API key, on the running server -----------------------------------------------------------------------------
+COMPLETION = {"prompt": "def main(", "max_tokens": 4, "temperature": 0}
+
+# Routes vLLM 0.32 serves by default outside its guarded prefixes (/v1, /v2, /inference, /cohere) that do work: a
+# completion through the SageMaker route, tokenizer calls, scoring, elastic scaling.
+UNGUARDED_BY_VLLM = [("POST", "/invocations", COMPLETION), ("POST", "/tokenize", {"prompt": "def main("}),
+                     ("POST", "/detokenize", {"tokens": [1, 2, 3]}), ("POST", "/generative_scoring", {}),
+                     ("POST", "/scale_elastic_ep", {})]
+
+
+def test_requests_without_the_key_get_401_and_with_it_succeed(served: Served) -> None:
+    served.alive()
+    body = {"model": MODEL, **COMPLETION}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": served.key}):
+        models = requests.get(f"{served.url}/v1/models", headers=headers, timeout=30)
+        assert models.status_code == 401, f"/v1/models with headers {list(headers)}: {models.status_code}, not 401"
+        completion = requests.post(f"{served.url}/v1/completions", json=body, headers=headers, timeout=30)
+        assert completion.status_code == 401, \
+            f"/v1/completions with headers {list(headers)}: {completion.status_code}, not 401"
+    ok = requests.post(f"{served.url}/v1/completions", json=body,
+                       headers={"Authorization": f"Bearer {served.key}"}, timeout=120)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4, ok.text[:300]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), UNGUARDED_BY_VLLM, ids=[p for _, p, _ in UNGUARDED_BY_VLLM])
+def test_routes_outside_v1_need_the_key_too(served: Served, method: str, path: str, body: dict) -> None:
+    served.alive()
+    body = {"model": MODEL, **body} if "prompt" in body else body
+    without = requests.request(method, f"{served.url}{path}", json=body, timeout=60)
+    assert without.status_code == 401, f"{path} answered {without.status_code} without a key: {without.text[:200]}"
+    with_key = requests.request(method, f"{served.url}{path}", json=body,
+                                headers={"Authorization": f"Bearer {served.key}"}, timeout=120)
+    assert with_key.status_code != 401, with_key.text[:300]  # reaches the route (which may refuse an empty body)
+    if path == "/invocations":
+        assert with_key.status_code == 200 and with_key.json()["usage"]["completion_tokens"] == 4
+
+
+def test_probes_stay_open_and_the_output_never_holds_the_key(served: Served) -> None:
+    served.alive()
+    assert requests.get(f"{served.url}/health", timeout=10).status_code == 200
+    assert "vllm:num_requests_running" in requests.get(f"{served.url}/metrics", timeout=10).text
+    assert served.key not in served.output.read_text(), "the API key shows in what `kimi-eagle serve` printed"
+
+
+def test_ctrl_c_stops_every_process(served: Served) -> None:
+    """Last of the module's tests on the server: it stops it."""
+    served.alive()
+    children = psutil.Process(served.process.pid).children(recursive=True)
+    assert children, "the vLLM server should be running under the CLI"
+    served.process.send_signal(signal.SIGINT)
+    assert served.process.wait(timeout=60) == 0, f"Ctrl-C: `kimi-eagle serve` exited {served.process.returncode}"
+    deadline = time.monotonic() + 30
+    while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+        assert time.monotonic() < deadline, "vLLM processes left running after Ctrl-C"
+        time.sleep(0.5)
+    assert served.key not in served.output.read_text(), "the API key shows in what `kimi-eagle serve` printed"
+
+
 def test_an_engine_fault_while_serving_is_reported_by_its_root_cause(tmp_path) -> None:
     """vLLM's upstream CPU top-k crash, let through by the fault knob: the API server answers 500 "EngineCore
     encountered an issue" and exits; `kimi-eagle serve` says what the engine's log says went wrong, and fails."""
