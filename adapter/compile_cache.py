@@ -12,19 +12,20 @@ vLLM 0.32 saves each model's AOT compile result under a hash of the config and l
   its fault injection all reach the same key as another capture, and a start would run a graph traced for other
   layers, silently. The key gets the layers the model captures when it is compiled, wherever they came from.
 
-And one saving: with an EAGLE-3 draft, the target's key holds the whole draft (its path, its config), though the
-only part of it in the target's graph is the capture. So each new draft folder (a retrained draft, another layout,
-the random draft of `bench --bypass`) traced the unchanged target again: 17-20 s for the tiny pair on one core,
-minutes for Kimi-K2.5. Here a target that captures aux layers is keyed by the config without the draft plus the
-layers it captures; the draft's own graph, and every model of other speculative methods (whose configs feed more
-into the target's graph), keep vLLM's key.
+Two savings besides:
 
-One saving besides: vLLM gives each key an inductor cache of its own (`{key}/inductor_cache`), and the key holds
-the paths of the target and the draft, so a new draft directory (a retrained draft, a copy, a random draft of
-`bench --bypass`) compiles every kernel of the unchanged target again. Inductor's caches are keyed by the graph's
-own content, so one of them can serve every key: each new key's `inductor_cache` becomes a link to
-`torch_compile_cache/inductor_shared` beside the keys. Measured on the tiny float32 pair: a copy of its draft
-started in 45 s instead of 85 s, the target's graph compiled in 17 s instead of 37 s.
+- With an EAGLE-3 draft, vLLM's key for the target holds the whole draft (its path, its config), though the only
+  part of it in the target's graph is the capture. So each new draft folder (a retrained draft, another layout, the
+  random draft of `bench --bypass`) traced the unchanged target again: 16-20 s a start for the tiny pair on one
+  core (the suite's SpecForge copy, EAGLE-3.1 draft and random draft, 2026-12-05), and more the larger the target.
+  A target that captures aux layers is keyed here by the config without the draft, plus the layers it captures;
+  the draft's own graph, and every model under another speculative method (whose configs feed more into the
+  target's graph), keep everything vLLM's key holds.
+- vLLM gives each key an inductor cache of its own (`{key}/inductor_cache`), so a new key (another capture, another
+  draft) compiled every kernel again. Inductor's caches are keyed by the graph's own content, so one of them can
+  serve every key: each new key's `inductor_cache` becomes a link to `torch_compile_cache/inductor_shared` beside
+  the keys. Measured on the tiny float32 pair: a copy of its draft started in 45 s instead of 85 s, the target's
+  graph compiled in 17 s instead of 37 s.
 """
 
 from __future__ import annotations
