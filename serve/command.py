@@ -13,6 +13,7 @@ from kimi_eagle.serve.profile import Profile, resolve_model_path
 from kimi_eagle.serve.redact import redact_argv, redact_env, redact_text
 
 API_KEY_ENV = "VLLM_API_KEY"
+VLLM_SERVER = "kimi_eagle.serve.vllm_server"  # vLLM's own server `main`, without a second import in the engine core
 LOAD_FORMAT = "safetensors"  # never a pickle format: unpickling runs code from the file
 API_GUARD = "kimi_eagle.serve.api_guard.RequireApiKey"
 FIELD_GUARD = "kimi_eagle.serve.api_guard.RejectBadFields"
@@ -112,7 +113,7 @@ def build_command(profile: Profile, *, target: str | None = None, draft: str | N
     if not is_loopback(host) and not api_key:
         raise CommandError(f"binding {host} exposes the server beyond this machine: give an API key "
                            f"(--api-key KEY or {API_KEY_ENV}=KEY), or bind 127.0.0.1")
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+    argv = [sys.executable, "-m", VLLM_SERVER,
             "--model", target_path, "--served-model-name", profile.served_model_name,
             "--host", host, "--port", str(port), "--load-format", LOAD_FORMAT]
     if profile.trust_remote_code:

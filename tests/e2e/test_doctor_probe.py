@@ -21,6 +21,7 @@ import tests.helpers.broken_drafts as bd
 from kimi_eagle.cli import main
 from kimi_eagle.doctor.calibration import CALIBRATION_PROMPTS
 from kimi_eagle.doctor.engine_probe import MAX_TOKENS
+from kimi_eagle.serve.command import VLLM_SERVER
 from tests.helpers.server import Server
 from tests.helpers.terminal import ctrl_c_as_in_a_terminal
 
@@ -157,7 +158,7 @@ def _vllm_servers(parent: psutil.Process) -> list[psutil.Process]:
     out = []
     for child in parent.children():
         try:
-            if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+            if VLLM_SERVER in child.cmdline():
                 out.append(child)
         except psutil.Error:
             continue
