@@ -37,8 +37,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                     "one worker must hold all the servers of a test")
         if groups and not marked:
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
-    # A stable sort: `--dist loadgroup` hands a group's tests to its worker in this order too.
-    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -25,12 +25,12 @@ from tests.helpers.server import EXACT_PROFILE, Server, greedy_ids, metric_value
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("exact")]
 
 RETRY_S = 30  # long enough for every request option to reach the bypassed engine before the first retry (about
-# 10 s in all in CI, on one core); the retry test runs last in the session, once the rest of it ran out
+# 10 s in all in CI, on one core); the retry test waits out the rest
 BYPASSED = "kimi_eagle:draft_bypassed"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 
-@pytest.fixture(scope="session")  # up until the retry test, which runs last (`last`)
+@pytest.fixture(scope="module")
 def random_draft_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("random-draft")
     draft = random_draft(DRAFT_DIR, tmp / "draft")  # the one `bench --bypass` serves
@@ -86,10 +86,8 @@ def test_every_request_option_is_kept_while_bypassed(random_draft_server: Server
         f"the draft was retried within {RETRY_S} s of the bypass: this test no longer sees a bypassed engine"
 
 
-@pytest.mark.last  # the retry comes RETRY_S after the bypass: the other tests of its worker run meanwhile
 def test_the_bypassed_draft_is_retried_on_new_requests_and_stays_bypassed(random_draft_server: Server) -> None:
-    while metric_value(random_draft_server.url, BYPASSED) != 1.0:  # run alone: trip the fail-safe first
-        load(random_draft_server)
+    load(random_draft_server)
     drafts = metric_value(random_draft_server.url, DRAFTS)
     # New requests until the retry (RETRY_S after the bypass) has judged a window of their drafts.
     deadline = time.monotonic() + RETRY_S + 90
