@@ -196,7 +196,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from kimi_eagle.bench.plan import FULL, QUICK
     from kimi_eagle.bench.report import markdown, profile_setting
     from kimi_eagle.bench.run import Bench, BenchError, load_prompts
-    from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+    from kimi_eagle.fixtures.pair_spec import HELDOUT_PROMPTS_FILE
     from kimi_eagle.loadtest import serve_bench
     from kimi_eagle.loadtest.files import write_atomic, write_model
     from kimi_eagle.serve.command import CommandError

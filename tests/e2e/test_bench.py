@@ -13,8 +13,7 @@ import pytest
 from kimi_eagle.bench import configs
 from kimi_eagle.bench.plan import QUICK
 from kimi_eagle.bench.result import BenchResult
-from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
-from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, PREDICTABLE_PROMPTS_FILE, TARGET_DIR
+from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, HELDOUT_PROMPTS_FILE, PREDICTABLE_PROMPTS_FILE, TARGET_DIR
 from kimi_eagle.loadtest import serve_bench
 from tests.helpers.cli import exit_message
 from tests.helpers.server import EXACT_PROFILE

@@ -11,8 +11,7 @@ import pytest
 from kimi_eagle.adapter.checks.layout import draft_spec
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.startup import LOADED_MARK
-from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
-from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, MLA_DRAFT_DIR, TARGET_DIR
+from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, HELDOUT_PROMPTS_FILE, MLA_DRAFT_DIR, TARGET_DIR
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import ServerStartError, running_server

@@ -13,7 +13,7 @@ import requests
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from kimi_eagle.fixtures.build_draft import HELDOUT_PROMPTS_FILE
+from kimi_eagle.fixtures.pair_spec import HELDOUT_PROMPTS_FILE
 from kimi_eagle.fixtures.train_target import distinct_bigram_ratio
 from tests.helpers.chi_square import chi_square_p_value
 from tests.helpers.server import Server
