@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kimi_eagle.processes import collect_garbage_less_often
+
 SUBCOMMAND_MODULES = ("kimi_eagle.serve.cli", "kimi_eagle.doctor.cli", "kimi_eagle.loadtest.cli",
                       "kimi_eagle.serve.sglang_cli", "kimi_eagle.serve.sizing_cli", "kimi_eagle.bench.cli")
 # Options whose value is an opaque secret: a generated key starts with '-' one time in 32 (token_urlsafe), and
@@ -40,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.handler(args) or 0)
 
 
+def run() -> int:
+    """The `kimi-eagle` program (its console script, and `python -m kimi_eagle.cli`): `main` in a process of its own,
+    which most commands fill with torch and vLLM, or with Locust."""
+    collect_garbage_less_often()
+    return main()
+
+
 def _option_strings(sub: argparse._SubParsersAction) -> set[str]:
     return {flag for command in sub.choices.values() for action in command._actions for flag in action.option_strings}
 
@@ -60,4 +69,4 @@ def _join_secret_values(argv: list[str], known_flags: set[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

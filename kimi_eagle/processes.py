@@ -1,16 +1,32 @@
-"""What every command that starts processes needs: a free local port, and SIGTERM handled like Ctrl-C.
+"""What every command that starts processes needs: a free local port, SIGTERM handled like Ctrl-C, and a garbage
+collector tuned for processes that import torch and vLLM.
 
 The servers and Locust processes we start run in sessions of their own, so a signal sent to us never reaches them;
 we stop them ourselves, on the same path for Ctrl-C and for `kill`."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+# CPython collects its youngest generation every 700 new container objects, and every hundredth collection is a
+# full one once the heap has grown by a quarter: importing torch and vLLM, millions of objects and no garbage, scans
+# the whole growing heap nine times. With this threshold, on one core of the 2-core machine (AMD EPYC, three imports
+# each), the API server's imports took 4.8-4.9 s instead of 5.9-6.1 s, the engine core's 5.0-5.1 s instead of
+# 6.3-6.4 s; 100,000 gained no more. The older generations keep their defaults: garbage that lives longer is still
+# collected as often as before.
+GC_YOUNGEST_THRESHOLD = 10_000
+
+
+def collect_garbage_less_often() -> None:
+    """Raise the garbage collector's threshold for new objects in this process (the older generations keep theirs)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNGEST_THRESHOLD, older, oldest)
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_eagle.processes import free_port
+from kimi_eagle.processes import collect_garbage_less_often, free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
@@ -41,6 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _give_this_worker_cores_of_its_own()
+    collect_garbage_less_often()  # the tests import torch and vLLM too, as the processes they start do
     _refuse_loadgroup_under_pytest_9(config)
 
 

@@ -69,3 +69,37 @@ def test_a_server_interrupted_while_starting_is_stopped_not_orphaned(sig: signal
             if p.poll() is None:
                 p.kill()
 
+
+
+def test_vllms_processes_collect_garbage_less_often_from_their_first_import() -> None:
+    """The API server runs serve/vllm_server.py as its main module; each engine core and worker that vLLM spawns
+    imports it again first, as `__mp_main__` (multiprocessing's spawn, for a `-m` main module), before torch."""
+    import subprocess
+    import sys
+
+    from kimi_eagle.processes import GC_YOUNGEST_THRESHOLD
+    from kimi_eagle.serve.command import VLLM_SERVER
+
+    probe = ("import gc, runpy, sys\n"
+             f"runpy.run_module({VLLM_SERVER!r}, run_name='__mp_main__', alter_sys=True)\n"
+             "print(gc.get_threshold(), 'torch' in sys.modules, 'vllm' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [f"({GC_YOUNGEST_THRESHOLD},", "10,", "10)", "False", "False"], \
+        f"expected the threshold set and nothing heavy imported yet; got {done.stdout}"
+
+
+def test_the_kimi_eagle_program_collects_garbage_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from kimi_eagle import cli
+    from kimi_eagle.processes import GC_YOUNGEST_THRESHOLD
+
+    seen: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(cli, "main", lambda: seen.append(gc.get_threshold()) or 0)
+    saved = gc.get_threshold()
+    try:
+        assert cli.run() == 0
+    finally:
+        gc.set_threshold(*saved)
+    assert seen == [(GC_YOUNGEST_THRESHOLD, saved[1], saved[2])], "main() ran with the collector's defaults"
