@@ -17,6 +17,9 @@ def register() -> None:
     if _registered:
         return
     _registered = True
+    from kimi_eagle.processes import freeze_what_is_loaded
+
+    freeze_what_is_loaded()  # first: vLLM has imported its modules, and loads plugins before any model
     from kimi_eagle.adapter import (
         compile_cache,
         cpu_fixes,

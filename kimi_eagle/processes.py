@@ -29,6 +29,17 @@ def collect_garbage_less_often() -> None:
     gc.set_threshold(GC_YOUNGEST_THRESHOLD, older, oldest)
 
 
+def freeze_what_is_loaded() -> None:
+    """Move the objects this process holds now out of the collector's generations, as vLLM does once an engine has
+    started (`freeze_gc_heap`), but before it loads anything: vLLM collects the whole heap after loading each model,
+    after its warm-up and before that freeze, seven full collections of about 700,000 objects in an engine core (the
+    imported modules, for the most part), 0.36 s each on one core. Frozen, each took about 0.05 s, and a warm start
+    of the default profile answered /health in 16.6 s instead of 19.1 s (the median of five starts each, alternated;
+    the same memory). The young generations are collected first, so that their garbage is not kept for good."""
+    gc.collect(1)
+    gc.freeze()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

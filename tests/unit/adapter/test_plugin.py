@@ -26,6 +26,22 @@ def test_register_twice_is_harmless() -> None:
     assert 16 in CPUAttentionBackend.get_supported_kernel_block_sizes()
 
 
+def test_register_first_freezes_what_vllm_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM loads its plugins in each process after its imports and before any model: from then on its full
+    collections (after each model load, the warm-up, and its own freeze) leave the imported modules alone."""
+    import gc
+
+    from kimi_eagle.adapter import plugin
+
+    monkeypatch.setattr(plugin, "_registered", False)  # as in a process of its own
+    imported = [[]]
+    try:
+        plugin.register()
+        assert not any(o is imported for o in gc.get_objects()), "what was imported before register() is collected"
+    finally:
+        gc.unfreeze()
+
+
 def _expand_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     temperatures = torch.tensor([0.8, 0.5, 1.0], dtype=torch.float32)
     cu_num_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)

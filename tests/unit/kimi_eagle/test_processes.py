@@ -103,3 +103,27 @@ def test_the_kimi_eagle_program_collects_garbage_less_often(monkeypatch: pytest.
     finally:
         gc.set_threshold(*saved)
     assert seen == [(GC_YOUNGEST_THRESHOLD, saved[1], saved[2])], "main() ran with the collector's defaults"
+
+
+def test_what_is_loaded_is_frozen_and_young_garbage_collected_first() -> None:
+    import gc
+    import weakref
+
+    from kimi_eagle.processes import freeze_what_is_loaded
+
+    class Node:
+        pass
+
+    garbage = Node()
+    garbage.itself = garbage  # a cycle: only the collector frees it
+    garbage_alive = weakref.ref(garbage)
+    del garbage
+    loaded = [[]]
+    try:
+        freeze_what_is_loaded()
+        assert garbage_alive() is None, "garbage of the young generations was frozen for good, not collected"
+        assert not any(o is loaded for o in gc.get_objects()), "an object held at the freeze is still collected"
+        later = [[]]
+        assert any(o is later for o in gc.get_objects()), "an object made after the freeze is not collected"
+    finally:
+        gc.unfreeze()
