@@ -70,7 +70,6 @@ def test_a_server_interrupted_while_starting_is_stopped_not_orphaned(sig: signal
                 p.kill()
 
 
-
 def test_vllms_processes_collect_garbage_less_often_from_their_first_import() -> None:
     """The API server runs serve/vllm_server.py as its main module; each engine core and worker that vLLM spawns
     imports it again first, as `__mp_main__` (multiprocessing's spawn, for a `-m` main module), before torch."""
