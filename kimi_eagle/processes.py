@@ -32,7 +32,7 @@ def collect_garbage_less_often() -> None:
 def freeze_what_is_loaded() -> None:
     """Move the objects this process holds now out of the collector's generations, as vLLM does once an engine has
     started (`freeze_gc_heap`), but before it loads anything: vLLM collects the whole heap after loading each model,
-    after its warm-up and before that freeze, seven full collections of about 700,000 objects in an engine core (the
+    after its warm-up and before that freeze, six full collections of about 700,000 objects in an engine core (the
     imported modules, for the most part), 0.36 s each on one core. Frozen, each took about 0.05 s, and a warm start
     of the default profile answered /health in 14.6 s instead of 17.6 s with the threshold alone (the median of five
     starts each, alternated; the same memory). The young generations are collected first, so that their garbage is
