@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -25,17 +26,16 @@ from pathlib import Path
 
 import requests
 import torch
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 from safetensors.torch import load_file, save_file
 
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.configs import rotated
-from kimi_eagle.bench.plan import StreamsPlan
 from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
-from kimi_eagle.bench.stats import Spread, paired_ratios, spread
+from kimi_eagle.bench.stats import Spread, spread
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile, resolve_model_path
@@ -45,19 +45,33 @@ BYPASSED_GAUGE = "kimi_eagle:draft_bypassed"
 GOAL = 0.98  # the fail-safe's goal: at least this share of the target alone's tokens/s once bypassed
 
 
-class BypassPlan(StreamsPlan):
+class BypassPlan(BaseModel):
     mode: str
     concurrency: list[int]
     rounds: int = Field(ge=1)
+    pairs: int = Field(1, ge=1, description="Per round and load: samples of the target alone and of the fail-safe's "
+                                            "server, alternated (A C C A A C ...); the random draft without the "
+                                            "fail-safe, the reference of what is at stake, is sampled once.")
+    requests_per_sample: int | None = Field(None, ge=1, description="Requests in one sample, rounded up to whole "
+                                                                      "waves of the load's concurrency.")
+    requests_per_stream: int | None = Field(None, description="Runs before 2026-12-06: max(12, this x concurrency) "
+                                                               "requests a sample.")
     max_tokens: int = Field(ge=2)
     temperature: float = Field(1.0, ge=0, description="Of every measured request (the trip batch is greedy).")
     streamed: list[bool] = Field([False, True], description="Each load is sampled once per entry: not streamed, "
                                                             "streamed.")
 
+    def requests_at(self, concurrency: int) -> int:
+        if self.requests_per_sample is None:
+            return max(12, (self.requests_per_stream or 1) * concurrency)
+        return -(-max(self.requests_per_sample, concurrency) // concurrency) * concurrency
 
-# Six rounds: the three servers each first twice, and each loaded right after each other one equally often.
-FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=6, max_tokens=64, requests_per_stream=16)
-QUICK = BypassPlan(mode="bypass-quick", concurrency=[1], rounds=1, max_tokens=16, requests_per_stream=2,
+
+# A 2% cost is a fifth of what this 2-core machine's throughput moves by from one sample to the next (per-pair ratios
+# of 0.61-1.27x in the six-round runs). Short samples, alternated seconds apart, cancel the drift, and 90 pairs a cell
+# put the median's own noise near 1%; three rounds of fresh servers keep one start's luck from deciding a cell.
+FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=3, pairs=30, requests_per_sample=8, max_tokens=64)
+QUICK = BypassPlan(mode="bypass-quick", concurrency=[1], rounds=1, max_tokens=16, requests_per_sample=2,
                    streamed=[True])
 
 
@@ -65,13 +79,16 @@ class BypassPoint(BaseModel):
     config: str
     streamed: bool = False
     concurrency: int
-    per_round: list[float]
+    samples: list[float] = Field(validation_alias=AliasChoices("samples", "per_round"),
+                                 description="Tokens/s of every sample, in the order taken.")
     tokens_per_s: Spread
-    ratio_to_target_alone: Spread | None = Field(None, description="Round by round, over the target alone's.")
+    ratio_to_target_alone: Spread | None = Field(
+        None, description="Over the target alone's: for the fail-safe's server pair by pair (each sample over the "
+                          "target alone's right beside it), for the other server over the round's median.")
     server_cpu_s_per_1k_tokens: Spread | None = Field(
         None, description="CPU seconds of the server's processes per 1,000 output tokens: the work a token costs, "
                           "which the scheduling noise of a 2-core machine moves less than tokens/s.")
-    cpu_ratio_to_target_alone: Spread | None = Field(None, description="Round by round, over the target alone's.")
+    cpu_ratio_to_target_alone: Spread | None = Field(None, description="Paired as `ratio_to_target_alone`.")
 
 
 class BypassResult(BaseModel):
@@ -110,8 +127,11 @@ class BypassBench:
         self.plan, self.profile, self.prompts, self.files_dir = plan, profile, prompts, files_dir
         self.target, self.command_line, self.say = target, command_line, say
         self.draft = str(random_draft(Path(resolve_model_path(draft or profile.draft)), files_dir / "random-draft"))
+        # per (configuration, streamed, concurrency): every sample's tokens/s and CPU per 1,000 tokens, and ratios
         self.samples: dict[tuple[str, bool, int], list[float]] = {}
         self.cpu_per_1k: dict[tuple[str, bool, int], list[float]] = {}
+        self.ratios: dict[tuple[str, bool, int], list[float]] = {}
+        self.cpu_ratios: dict[tuple[str, bool, int], list[float]] = {}
         self.seconds_to_bypass: list[float | None] = []
 
     def run(self) -> BypassResult:
@@ -123,25 +143,25 @@ class BypassBench:
         for config in CONFIGS:
             for streamed in self.plan.streamed:
                 for c in self.plan.concurrency:
-                    values, alone = self.samples[config, streamed, c], self.samples[CONFIGS[0], streamed, c]
-                    cpu, cpu_alone = self.cpu_per_1k[config, streamed, c], self.cpu_per_1k[CONFIGS[0], streamed, c]
-                    alone_config = config == CONFIGS[0]
+                    key = (config, streamed, c)
                     points.append(BypassPoint(
-                        config=config, streamed=streamed, concurrency=c, per_round=values,
-                        tokens_per_s=spread(values),
-                        ratio_to_target_alone=None if alone_config else spread(paired_ratios(values, alone)),
-                        server_cpu_s_per_1k_tokens=spread(cpu),
-                        cpu_ratio_to_target_alone=None if alone_config else spread(paired_ratios(cpu, cpu_alone))))
+                        config=config, streamed=streamed, concurrency=c, samples=self.samples[key],
+                        tokens_per_s=spread(self.samples[key]), ratio_to_target_alone=spread(self.ratios.get(key, [])),
+                        server_cpu_s_per_1k_tokens=spread(self.cpu_per_1k[key]),
+                        cpu_ratio_to_target_alone=spread(self.cpu_ratios.get(key, []))))
         return BypassResult(command=self.command_line, started_utc=started_utc, duration_s=time.perf_counter() - t0,
                             machine=machine_now(load_before), profile=self.profile.name, plan=self.plan,
                             points=points, seconds_to_bypass=self.seconds_to_bypass,
                             verdict=verdict(points, self.seconds_to_bypass))
 
     def _round(self, round_no: int) -> None:
-        """The three servers up together, only one of them loaded at a time: each load is sampled on each server
-        back to back (order rotated), so that a ratio compares seconds-apart samples. Minutes apart, this 2-core
-        machine drifts by 10-25% (the target alone gave 179 and 233 tok/s at one stream in two runs an hour apart),
-        ten times the 2% this bench has to resolve. An idle server costs next to nothing (uniprocess engine core)."""
+        """The three servers up together, only one of them loaded at a time. At each load the target alone and the
+        fail-safe's server are sampled in turns (A C C A ...: a linear drift weighs on both alike), so that each
+        ratio compares samples seconds apart: minutes apart, this 2-core machine drifts by 10-25% (the target alone
+        gave 179 and 233 tok/s at one stream in two runs an hour apart), ten times the 2% this bench has to resolve.
+        The server without the fail-safe is sampled once, first or last in turn. An idle server costs next to
+        nothing (uniprocess engine core)."""
+        alone, off, on = CONFIGS
         with contextlib.ExitStack() as stack:
             live = {}
             for config in rotated(list(CONFIGS), round_no):
@@ -150,20 +170,39 @@ class BypassBench:
             figures: dict[str, list[str]] = {config: [] for config in CONFIGS}
             loads = [(streamed, c) for streamed in self.plan.streamed for c in self.plan.concurrency]
             for i, (streamed, c) in enumerate(loads):
-                for config in rotated(list(CONFIGS), round_no + i):
-                    sampler = BenchClient(live[config].url, live[config].model, self.plan.max_tokens,
-                                          stream=streamed, temperature=self.plan.temperature)
-                    cpu_before = live[config].cpu_seconds()
-                    sample = sampler.measure(self.prompts, c, self.plan.requests_at(c))
-                    cpu_s = live[config].cpu_seconds() - cpu_before
-                    self.samples.setdefault((config, streamed, c), []).append(sample.tokens_per_s)
-                    self.cpu_per_1k.setdefault((config, streamed, c), []).append(
-                        1000 * cpu_s / sample.completion_tokens)
-                    figures[config].append(f"{sample.tokens_per_s:.0f}")
+                turn = (round_no + i) % 2 == 0
+                taken: dict[str, list[tuple[float, float]]] = {config: [] for config in CONFIGS}
+                if turn:
+                    taken[off].append(self._sample(live[off], streamed, c))
+                for pair in range(self.plan.pairs):
+                    for config in ((alone, on) if (pair % 2 == 0) == turn else (on, alone)):
+                        taken[config].append(self._sample(live[config], streamed, c))
+                if not turn:
+                    taken[off].append(self._sample(live[off], streamed, c))
+                alone_tps, alone_cpu = (statistics.median(x) for x in zip(*taken[alone]))
+                for config, values in taken.items():
+                    key = (config, streamed, c)
+                    self.samples.setdefault(key, []).extend(tps for tps, _ in values)
+                    self.cpu_per_1k.setdefault(key, []).extend(cpu for _, cpu in values)
+                    figures[config].append(f"{statistics.median(tps for tps, _ in values):.0f}")
+                    if config == alone:
+                        continue
+                    pairs = zip(values, taken[alone]) if config == on else ((v, (alone_tps, alone_cpu)) for v in values)
+                    for (tps, cpu), (tps_a, cpu_a) in pairs:
+                        self.ratios.setdefault(key, []).append(tps / tps_a)
+                        self.cpu_ratios.setdefault(key, []).append(cpu / cpu_a)
         names = [f"{c}{' streamed' if streamed else ''}" for streamed, c in loads]
         for config in CONFIGS:
             self.say(f"  round {round_no}/{self.plan.rounds} {config}: tok/s {' / '.join(figures[config])} (in "
                      f"flight {' / '.join(names)})")
+
+    def _sample(self, live, streamed: bool, c: int) -> tuple[float, float]:
+        """One sample: tokens/s, and the server's CPU seconds per 1,000 output tokens."""
+        sampler = BenchClient(live.url, live.model, self.plan.max_tokens, stream=streamed,
+                              temperature=self.plan.temperature)
+        cpu_before = live.cpu_seconds()
+        sample = sampler.measure(self.prompts, c, self.plan.requests_at(c))
+        return sample.tokens_per_s, 1000 * (live.cpu_seconds() - cpu_before) / sample.completion_tokens
 
     def _server(self, config: str, round_no: int):
         command = build_command(self.profile, target=self.target, draft=self.draft, no_draft=config == CONFIGS[0],
@@ -214,7 +253,7 @@ def verdict(points: list[BypassPoint], seconds: list[float | None]) -> str:
             ratio = p.ratio_to_target_alone.median
             parts.append(f"{p.concurrency} in flight{', streamed' if p.streamed else ''}: "
                          f"{off.ratio_to_target_alone.median:.2f}x of the target alone without the fail-safe, "
-                         f"{ratio:.2f}x with it ({'meets' if ratio >= GOAL else 'misses'} the {GOAL}x goal)")
+                         f"{ratio:.3f}x with it ({'meets' if ratio >= GOAL else 'misses'} the {GOAL}x goal)")
     known = [s for s in seconds if s is not None]
     when = (f"bypassed {min(known):.1f}-{max(known):.1f} s after the load began" if known
             else "never bypassed during the first batch")
@@ -224,18 +263,32 @@ def verdict(points: list[BypassPoint], seconds: list[float | None]) -> str:
 def markdown(result: BypassResult) -> str:
     lines = [f"# The draft fail-safe on a random draft, profile {result.profile}", "",
              run_line(result.command, result.started_utc, result.duration_s, result.machine)
-             + f"{result.plan.rounds} rounds, {result.plan.max_tokens} tokens per request (ignore_eos, temperature "
-             f"{result.plan.temperature:g}), the three servers up together and loaded one at a time, order rotated "
-             "by load and round.", "",
-             "Output tokens/s, median [min-max]; then the ratio to the target alone, paired round by round.", "",
+             + f"{_design(result.plan)}, {result.plan.max_tokens} tokens per request (ignore_eos, temperature "
+             f"{result.plan.temperature:g}), the three servers up together and loaded one at a time.", "",
+             f"Output tokens/s, median [min-max]; then the ratio to the target alone ({_pairing(result.plan)}).", "",
              *_table(result, lambda p: p.tokens_per_s.cell(p.ratio_to_target_alone)),
              "", f"**{result.verdict}.**", ""]
     if all(p.server_cpu_s_per_1k_tokens is not None for p in result.points):  # measured since 2026-12-05
         lines += ["CPU seconds of the server's processes per 1,000 output tokens, median [min-max]; then the ratio to "
-                  "the target alone, paired round by round (below 1: less work a token).", "",
+                  "the target alone, paired alike (below 1: less work a token).", "",
                   *_table(result, lambda p: p.server_cpu_s_per_1k_tokens.cell(p.cpu_ratio_to_target_alone, digits=2)),
                   ""]
     return "\n".join(lines)
+
+
+def _design(plan: BypassPlan) -> str:
+    if plan.requests_per_sample is None:  # runs before 2026-12-06
+        return f"{plan.rounds} rounds, order rotated by load and round"
+    return (f"{plan.rounds} rounds of fresh servers; at each load, {plan.pairs} samples of the target alone and of the "
+            f"fail-safe's server in turns and one of the server without it, {plan.requests_per_sample} requests or "
+            "more a sample (whole waves of the load)")
+
+
+def _pairing(plan: BypassPlan) -> str:
+    if plan.requests_per_sample is None:
+        return "paired round by round"
+    return ("the median of each sample's ratio to the target alone's beside it; for the server without the fail-safe, "
+            "to the round's median")
 
 
 def _table(result: BypassResult, cell: Callable[[BypassPoint], str]) -> list[str]:

@@ -11,7 +11,7 @@ import psutil
 import torch
 from safetensors.torch import load_file
 
-from kimi_eagle.bench.bypass import CONFIGS, BypassResult, markdown, random_draft
+from kimi_eagle.bench.bypass import CONFIGS, FULL, BypassResult, markdown, random_draft
 from kimi_eagle.bench.servers import tree_cpu_seconds
 from kimi_eagle.bench.stats import spread
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
@@ -70,3 +70,13 @@ def test_the_report_gives_the_server_cpu_per_token_where_it_was_measured() -> No
     assert "CPU seconds of the server's processes per 1,000 output tokens" in text
     assert f"| {CONFIGS[2]} | streamed | 1.50 [1.25-2.00] **0.99x** |" in text
     assert f"| {CONFIGS[0]} | whole | 1.50 [1.25-2.00] | 1.50 [1.25-2.00] |" in text
+
+
+def test_a_sample_is_whole_waves_of_its_load_and_old_runs_keep_their_own_count() -> None:
+    """Alternated samples are short (8 requests, or one wave of 16), so that the drift between the two servers' turns
+    is small; runs before 2026-12-06 took max(12, 16 x concurrency) requests a sample and still read so."""
+    assert [FULL.requests_at(c) for c in (1, 3, 4, 16)] == [8, 9, 8, 16]
+    old = BypassResult.model_validate_json((RESULTS_DIR / "bypass-20261205-154407.json").read_text())
+    assert [old.plan.requests_at(c) for c in (1, 4, 16)] == [16, 64, 256]
+    assert len(old.points[0].samples) == old.plan.rounds  # stored as `per_round` then
+    assert "6 rounds, order rotated by load and round" in markdown(old)
