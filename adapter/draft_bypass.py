@@ -307,8 +307,8 @@ def _as_the_target_alone(runner) -> Iterator[None]:
     """A plain step without what a configured draft adds to it. With a draft configured, vLLM 0.32 spends every
     step on speculation, drafts or none: spec-decode metadata, the rejection sampler, slot mappings and attention
     metadata for the draft's layers (profiled on the tiny CPU pair: 3-4% of a bypassed step). It reads
-    `speculative_config` and the attention groups as each step runs: with the draft's part of them hidden for the
-    step, the step takes the target alone's path."""
+    `speculative_config`, the attention groups and the reorder thresholds as each step runs: with the draft's part
+    of them hidden for the step, the step takes the target alone's path."""
     if not hasattr(runner, "_kimi_eagle_target_attn_groups"):
         logger.info("kimi-eagle: steps that schedule no draft tokens now run as the target alone's (no draft, no "
                     "speculative metadata, the plain sampler)")
@@ -319,11 +319,45 @@ def _as_the_target_alone(runner) -> Iterator[None]:
         runner._kimi_eagle_draft_kv_groups = frozenset(
             gid for gid, group in enumerate(runner.kv_cache_config.kv_cache_groups)
             if group.layer_names and set(group.layer_names) <= draft_layers)
+        runner._kimi_eagle_plain_thresholds = _plain_reorder_thresholds(runner._kimi_eagle_target_attn_groups,
+                                                                        runner.reorder_batch_threshold)
     spec, attn_groups, block_table = runner.speculative_config, runner.attn_groups, runner.input_batch.block_table
+    thresholds, runner_plain = runner._kimi_eagle_plain_thresholds
+    runner_threshold = runner.reorder_batch_threshold
+    spec_thresholds = [builder.reorder_batch_threshold for builder, _ in thresholds]
     runner.speculative_config, runner.attn_groups = None, runner._kimi_eagle_target_attn_groups
     block_table._kimi_eagle_skipped_groups = runner._kimi_eagle_draft_kv_groups
+    for builder, plain in thresholds:
+        builder.reorder_batch_threshold = plain
+    runner.reorder_batch_threshold = runner_plain
     try:
         yield
     finally:
         runner.speculative_config, runner.attn_groups = spec, attn_groups
         block_table._kimi_eagle_skipped_groups = ()
+        for (builder, _), threshold in zip(thresholds, spec_thresholds):
+            builder.reorder_batch_threshold = threshold
+        runner.reorder_batch_threshold = runner_threshold
+
+
+def _plain_reorder_thresholds(target_attn_groups, runner_threshold: int | None) -> tuple[list, int | None]:
+    """The target alone's reorder thresholds: (builder, its threshold) for each of the target's metadata builders
+    whose threshold a draft raised, and the runner's, the lowest of the target's builders (vLLM's
+    `calculate_reorder_batch_threshold`, which counted the draft's too). With a draft, vLLM raises a builder's
+    "decode" query length from its class's 1 to 1 + k (`_init_reorder_batch_threshold`), and MLA's builder then
+    splits every batch of one-token decodes the long way (`split_decodes_and_prefills` takes its shortcut for a
+    uniform batch only at 1), where the target alone takes the shortcut."""
+    raised, plain_values = [], []
+    for kv_group in target_attn_groups:
+        for group in kv_group:
+            for builder in group.metadata_builders:
+                threshold = builder.reorder_batch_threshold
+                plain = getattr(type(builder), "reorder_batch_threshold", None)
+                if isinstance(plain, int) and isinstance(threshold, int) and plain < threshold:
+                    raised.append((builder, plain))
+                    threshold = plain
+                if threshold is not None:
+                    plain_values.append(threshold)
+    if not raised:
+        return [], runner_threshold
+    return raised, min(plain_values)
