@@ -15,10 +15,10 @@ class Spread(BaseModel):
     min: float
     max: float
 
-    def cell(self, ratio: Spread | None = None, digits: int = 0) -> str:
+    def cell(self, ratio: Spread | None = None, digits: int = 0, ratio_digits: int = 2) -> str:
         """`median [min-max]` for a results table, then the ratio's median in bold when there is one."""
         text = f"{self.median:.{digits}f} [{self.min:.{digits}f}-{self.max:.{digits}f}]"
-        return text + (f" **{ratio.median:.2f}x**" if ratio is not None else "")
+        return text + (f" **{ratio.median:.{ratio_digits}f}x**" if ratio is not None else "")
 
     @property
     def relative_range(self) -> float:

@@ -118,3 +118,32 @@ def test_retry_zero_never_retries(clock: Clock) -> None:
     clock.now += 10**6
     steps(bypass, 3, 0, 0)
     assert bypass.state is State.BYPASSED
+
+
+@pytest.mark.parametrize("builder_class", ["SpecDecodeCPUMLAMetadataBuilder", "SpecDecodeAMXMLAMetadataBuilder"])
+def test_a_plain_step_splits_its_batch_as_the_target_alone_and_gives_the_threshold_back(builder_class: str) -> None:
+    """With a draft of k tokens, vLLM raises the target's MLA builder's decode threshold to 1 + k, and a uniform batch
+    of one-token decodes then misses `split_decodes_and_prefills`' shortcut. A plain step builds with the builder
+    class's own 1, the target alone's, and the next drafting step finds 1 + k again."""
+    from types import SimpleNamespace
+
+    from kimi_eagle.adapter import cpu_mla_spec_decode
+    from kimi_eagle.adapter.draft_bypass import _as_the_target_alone
+
+    target = object.__new__(getattr(cpu_mla_spec_decode, builder_class))  # the real class: its own threshold counts
+    target.reorder_batch_threshold = 1 + K
+    draft = SimpleNamespace(reorder_batch_threshold=1)
+    spec = object()
+    runner = SimpleNamespace(
+        drafter=SimpleNamespace(_draft_attn_layer_names={"draft.attn"}), speculative_config=spec,
+        attn_groups=[[SimpleNamespace(layer_names=["target.attn"], metadata_builders=[target]),
+                      SimpleNamespace(layer_names=["draft.attn"], metadata_builders=[draft])]],
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["target.attn", "draft.attn"])]),
+        input_batch=SimpleNamespace(block_table=SimpleNamespace()), reorder_batch_threshold=1 + K)
+    for _ in range(2):  # the second step reuses what the first found
+        with _as_the_target_alone(runner):
+            assert (target.reorder_batch_threshold, runner.reorder_batch_threshold) == (1, 1)
+            assert runner.speculative_config is None
+            assert [[g.layer_names for g in kv] for kv in runner.attn_groups] == [[["target.attn"]]]
+        assert (target.reorder_batch_threshold, runner.reorder_batch_threshold) == (1 + K, 1 + K)
+        assert runner.speculative_config is spec and len(runner.attn_groups[0]) == 2

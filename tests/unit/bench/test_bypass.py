@@ -80,3 +80,11 @@ def test_a_sample_is_whole_waves_of_its_load_and_old_runs_keep_their_own_count()
     assert [old.plan.requests_at(c) for c in (1, 4, 16)] == [16, 64, 256]
     assert len(old.points[0].samples) == old.plan.rounds  # stored as `per_round` then
     assert "6 rounds, order rotated by load and round" in markdown(old)
+
+
+def test_the_ratio_is_read_to_the_third_digit_where_the_run_resolves_it() -> None:
+    """Against the 0.98x goal, a 0.976 is a miss: the table of an alternated run says 0.976x, not 0.98x."""
+    result = BypassResult.model_validate_json((RESULTS_DIR / "bypass-20261206-062650.json").read_text())
+    text = markdown(result)
+    assert f"| {CONFIGS[2]} | whole | 233 [182-274] **0.976x** |" in text
+    assert "1 in flight: 0.52x of the target alone without the fail-safe, 0.976x with it (misses" in text
