@@ -25,7 +25,8 @@ lookup restored for one window of drafts -> drafting again if acceptance recover
 
 The API server learns the state from the stats vLLM already sends it each step: while bypassed, the engine sends a
 spec-decoding record with no drafts (vLLM sends none for a step without drafts), which `acceptance_alarm` turns
-into the gauge `kimi_eagle:draft_bypassed`.
+into the gauge `kimi_eagle:draft_bypassed`: on the first step after the switch, then once every `REPORT_EVERY_S`
+(a record is built, sent and read on the step's own path, and the gauge needs the state, not every step).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -50,6 +52,7 @@ class State(enum.Enum):
 
 
 RETRY_TIMEOUT_S = 60.0  # a retry that sees no full window of new requests' drafts in this long ends, bypassed
+REPORT_EVERY_S = 1.0  # while bypassed, how often the engine tells the API server so
 
 
 class DraftBypass:
@@ -66,6 +69,16 @@ class DraftBypass:
         self.bypasses = 0
         self._fresh: set[str] = set()  # requests admitted since the retry began
         self._step = [0, 0, 0]
+        self._reported_at = -math.inf
+
+    def report_due(self) -> bool:
+        """Whether this step's stats should carry the record that says the engine is bypassed: from the first step
+        after the switch that verified no drafts, then once every `REPORT_EVERY_S` while it stays so (an API server
+        that missed one hears it again)."""
+        return not self.drafting and self.clock() - self._reported_at >= REPORT_EVERY_S
+
+    def reported(self) -> None:
+        self._reported_at = self.clock()
 
     @property
     def drafting(self) -> bool:
@@ -130,6 +143,7 @@ class DraftBypass:
         self.state = State.BYPASSED
         self.bypassed_at = self.clock()
         self.bypasses += 1
+        self._reported_at = -math.inf
         self._fresh.clear()
         w.clear()
 
@@ -233,11 +247,13 @@ def _install_scheduler() -> None:
         bypass = self._kimi_eagle_bypass
         if bypass is not None:
             bypass.end_step()
-            if not bypass.drafting:
+            if bypass.report_due():
                 for eco in outputs.values():
                     stats = eco.scheduler_stats
+                    # A step that still verified drafts proposed before the switch sends vLLM's own record.
                     if stats is not None and stats.spec_decoding_stats is None:
                         stats.spec_decoding_stats = _zero_draft_stats(self.num_spec_tokens)
+                        bypass.reported()
         return outputs
 
     def post_step(self, model_executed: bool) -> None:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kimi_eagle.adapter.draft_bypass import RETRY_TIMEOUT_S, DraftBypass, State
+from kimi_eagle.adapter.draft_bypass import REPORT_EVERY_S, RETRY_TIMEOUT_S, DraftBypass, State
 
 K = 3
 
@@ -110,6 +110,25 @@ def test_a_failed_retry_bypasses_again_without_a_second_warning(clock: Clock,
     assert bypass.state is State.BYPASSED and bypass.bypasses == 2
     assert caplog.text.count("DRAFT BYPASSED") == 1 and "still bypassed" in caplog.text
     assert bypass.bypassed_at == clock.now  # the next retry counts from the failed one
+
+
+def test_the_bypass_is_reported_on_the_switch_then_once_a_period(clock: Clock) -> None:
+    bypass = DraftBypass(window_drafts=10, min_rate=0.05, retry_every_s=60, clock=clock)
+    steps(bypass, 4, 2, 0)
+    assert bypass.state is State.DRAFTING and not bypass.report_due()  # a drafting engine's own records say so
+    steps(bypass, 1, 2, 0)
+    assert bypass.state is State.BYPASSED
+    assert bypass.report_due() and bypass.report_due()  # due until a step carried it
+    bypass.reported()
+    clock.now += REPORT_EVERY_S / 2
+    assert not bypass.report_due()
+    clock.now += REPORT_EVERY_S / 2
+    assert bypass.report_due()
+    bypass.reported()
+    start_retry(bypass, clock, 60)
+    assert not bypass.report_due()  # retrying: the retry's drafts set the gauge to 0
+    steps(bypass, 5, 2, 0)
+    assert bypass.state is State.BYPASSED and bypass.report_due()  # at once, not a period after the last report
 
 
 def test_retry_zero_never_retries(clock: Clock) -> None:
