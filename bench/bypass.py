@@ -32,7 +32,6 @@ from safetensors.torch import load_file, save_file
 
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient
-from kimi_eagle.bench.configs import rotated
 from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
@@ -74,9 +73,10 @@ class BypassPlan(BaseModel):
 
 
 # A 2% cost is a fifth of what this 2-core machine's throughput moves by from one sample to the next (per-pair ratios
-# of 0.61-1.27x in the six-round runs). Short samples, alternated seconds apart, cancel the drift, and 90 pairs a cell
-# put the median's own noise near 1%; three rounds of fresh servers keep one start's luck from deciding a cell.
-FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=3, pairs=30, requests_per_sample=8, max_tokens=64)
+# of 0.61-1.27x in the six-round runs). Short samples, alternated seconds apart, cancel the drift, and 88 pairs a cell
+# put the median's own noise near 1%; four rounds of fresh servers, started in turns (`start_order`), keep one
+# start's luck, and its place in the order, from deciding a cell.
+FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=4, pairs=22, requests_per_sample=8, max_tokens=64)
 QUICK = BypassPlan(mode="bypass-quick", concurrency=[1], rounds=1, max_tokens=16, requests_per_sample=2,
                    streamed=[True])
 
@@ -108,6 +108,18 @@ class BypassResult(BaseModel):
     seconds_to_bypass: list[float | None] = Field(description="Per round: first request of the load to the gauge "
                                                               "reading 1 (None: it never did during the batch).")
     verdict: str
+
+
+def start_order(round_no: int) -> list[str]:
+    """The servers of round r in the order they start: the target alone first and the fail-safe's server last in odd
+    rounds, the other way round in even ones, so that over an even number of rounds neither starts before the other
+    more often. In the runs of 2026-12-06 (a rotation of three, which started the fail-safe's server before the
+    target alone in two rounds of three) the fail-safe's server averaged 0.996x over the loads of the rounds it
+    started after the target alone, and 0.978x over the others. Two target-alone servers started one after the other
+    read 1.032x, 1.015x and 0.975x (the second over the first, 1 in flight streamed): a server's speed varies by a
+    few percent from one start to the next, and more rounds average it out."""
+    alone, off, on = CONFIGS
+    return [alone, off, on] if round_no % 2 else [on, off, alone]
 
 
 def random_draft(draft_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -170,7 +182,7 @@ class BypassBench:
         alone, off, on = CONFIGS
         with contextlib.ExitStack() as stack:
             live = {}
-            for config in rotated(list(CONFIGS), round_no):
+            for config in start_order(round_no):
                 live[config] = stack.enter_context(self._server(config, round_no))
                 self._first_batch(config, live[config])
             figures: dict[str, list[str]] = {config: [] for config in CONFIGS}

@@ -11,7 +11,7 @@ import psutil
 import torch
 from safetensors.torch import load_file
 
-from kimi_eagle.bench.bypass import CONFIGS, FULL, BypassResult, markdown, random_draft
+from kimi_eagle.bench.bypass import CONFIGS, FULL, BypassResult, markdown, random_draft, start_order
 from kimi_eagle.bench.servers import tree_cpu_seconds
 from kimi_eagle.bench.stats import spread
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
@@ -80,6 +80,17 @@ def test_a_sample_is_whole_waves_of_its_load_and_old_runs_keep_their_own_count()
     assert [old.plan.requests_at(c) for c in (1, 4, 16)] == [16, 64, 256]
     assert len(old.points[0].samples) == old.plan.rounds  # stored as `per_round` then
     assert "6 rounds, order rotated by load and round" in markdown(old)
+
+
+def test_the_target_alone_and_the_fail_safe_start_before_each_other_equally_often() -> None:
+    """Where a server lands in the start order may weigh on its speed: over a full run each of the two compared
+    servers starts first, and last, in half of the rounds."""
+    alone, _, on = CONFIGS
+    orders = [start_order(r) for r in range(1, FULL.rounds + 1)]
+    assert all(sorted(order) == sorted(CONFIGS) for order in orders)
+    assert FULL.rounds % 2 == 0
+    assert sum(order.index(on) < order.index(alone) for order in orders) == FULL.rounds // 2
+    assert {order[0] for order in orders} == {alone, on} and {order[-1] for order in orders} == {alone, on}
 
 
 def test_the_ratio_is_read_to_the_third_digit_where_the_run_resolves_it() -> None:
