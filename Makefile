@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kimi-eagle-installed
 PROFILE ?= tiny-cpu
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup serve test lint loadtest ab bench guidellm bench-guidellm clean-venv
+.PHONY: setup serve test test-tools lint loadtest ab bench guidellm bench-guidellm clean-venv
 
 setup: $(STAMP)
 
@@ -36,8 +36,19 @@ serve: setup
 # one process.
 TEST_WORKERS ?= 2
 
-test: setup
+test: setup test-tools
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# qemu-user (Debian's package) lets one test run vLLM's kernels on an emulated AVX2-only CPU (AMD EPYC Zen 3), where
+# a kernel build imported by name is an illegal instruction: installed here as root where apt-get is; elsewhere that
+# test is skipped and says why.
+test-tools:
+	@command -v qemu-x86_64 >/dev/null || [ "$$(uname -m)" != x86_64 ] || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing qemu-user (an emulated AVX2-only CPU for tests/unit/kimi_eagle/test_cpu_kernels.py)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null) || \
+	      echo "qemu-user could not be installed: the emulated AVX2 test will be skipped"; \
+	  else echo "no qemu-x86_64: the emulated AVX2 test will be skipped (Debian: apt-get install qemu-user)"; fi
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -12,6 +12,7 @@ import torch
 
 from kimi_eagle import envs
 from kimi_eagle.adapter import compat
+from kimi_eagle.cpu_kernels import kernel_report
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
@@ -118,6 +119,9 @@ def apply() -> bool:
         logger.info("kimi-eagle: CPU fixes not applied (vLLM %s; fixed versions %s, CPU only)",
                     compat.vllm_version(), compat.SUPPORTED_VLLM_VERSIONS)
         return False
+    report = kernel_report()
+    if report:  # each fix below was proven on this build's kernels (tests/unit/kimi_eagle/test_cpu_kernels.py)
+        logger.info("kimi-eagle: %s", report.line())
     enable_block_size_16()
     enable_correct_expand()
     if envs.fault() == "upstream-top-k":  # a real engine fault for the tests of how a fault is reported

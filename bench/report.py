@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_eagle.bench.result import BenchResult, ThroughputPoint
+from kimi_eagle.bench.result import BenchResult, ThroughputPoint, isa_note
 from kimi_eagle.bench.speedup_model import Recommendation, tokens_per_step
 from kimi_eagle.bench.stats import Spread
 
@@ -72,7 +72,7 @@ def _heading(result: BenchResult) -> list[str]:
     m = result.machine
     return [f"# kimi-eagle bench ({result.mode})", "",
             f"Command: `{result.command}`  ",
-            f"Machine: {m.cpu_model}, {m.cpus} CPUs, {m.memory_gib} GiB; vLLM {m.vllm_version}, torch "
+            f"Machine: {m.cpu_model}, {m.cpus} CPUs{isa_note(m)}, {m.memory_gib} GiB; vLLM {m.vllm_version}, torch "
             f"{m.torch_version}  ",
             f"Started {result.started_utc}, took {result.duration_s / 60:.1f} min; load average before "
             f"{' '.join(f'{x:.2f}' for x in m.load_average_before)}, after "

@@ -13,7 +13,11 @@ RESULT_SCHEMA = "kimi-eagle/bench/1"
 
 
 class Machine(BaseModel):
-    cpu_model: str = Field(description="`Model name` from lscpu.")
+    cpu_model: str = Field(description="`model name` of /proc/cpuinfo, as lscpu prints it.")
+    isa: str | None = Field(None, description="The CPU's vector ISA as vLLM decides by (\"AVX2\", \"AVX-512 + BF16 + "
+                            "AMX\"); None in results recorded before it was (BENCHMARKS.md says which).")
+    vllm_kernels: str | None = Field(None, description="The build of vLLM's CPU kernels the servers ran (`_C`, "
+                                     "`_C_AVX512`, `_C_AVX2`); None off a CPU build and in older results.")
     cpus: int = Field(description="CPUs the OS shows (os.cpu_count()).")
     memory_gib: float
     load_average_before: list[float] = Field(description="1, 5, 15-minute load average when the run began.")
@@ -25,7 +29,14 @@ class Machine(BaseModel):
 def run_line(command: str, started_utc: str, duration_s: float, machine: Machine) -> str:
     """The opening of the report of bypass, configs, guidellm, startup and tune: what ran, when, how long, on what."""
     return (f"`{command}`, started {started_utc}, {duration_s / 60:.0f} min; {machine.cpu_model}, {machine.cpus} "
-            f"CPUs, vLLM {machine.vllm_version}; ")
+            f"CPUs{isa_note(machine)}, vLLM {machine.vllm_version}; ")
+
+
+def isa_note(machine: Machine) -> str:
+    """`, AVX2 (vLLM kernels _C_AVX2)`: the ISA a figure was measured on; empty for results that did not record it."""
+    if machine.isa is None:
+        return ""
+    return f", {machine.isa}" + (f" (vLLM kernels {machine.vllm_kernels})" if machine.vllm_kernels else "")
 
 
 class AcceptanceFigures(BaseModel):

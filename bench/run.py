@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,6 +39,7 @@ from kimi_eagle.bench.result import (
 from kimi_eagle.bench.servers import ColdStart, LiveServer, measured_server
 from kimi_eagle.bench.speedup_model import Recommendation, recommend
 from kimi_eagle.bench.stats import paired_ratios, spread
+from kimi_eagle.cpu_kernels import kernel_report, this_cpu
 from kimi_eagle.fixtures.pair_spec import PREDICTABLE_PROMPTS_FILE
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.serve_bench import ServeBenchResult
@@ -87,14 +87,9 @@ def ceiling_prompts(probes: list[CeilingProbe], tolerance: float = 0.05) -> list
 
 
 def machine_now(load_before: tuple[float, float, float]) -> Machine:
-    model = "unknown"
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                      if line.startswith("Model name")), model)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return Machine(cpu_model=model, cpus=os.cpu_count() or 0,
+    isa, kernels = this_cpu(), kernel_report()
+    return Machine(cpu_model=isa.model, isa=isa.name, vllm_kernels=kernels.kernel_build if kernels else None,
+                   cpus=os.cpu_count() or 0,
                    memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
                    load_average_before=list(load_before), load_average_after=list(os.getloadavg()),
                    vllm_version=_version("vllm"), torch_version=_version("torch"))

@@ -58,6 +58,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kimi_eagle.adapter.checks import diagnose
+    from kimi_eagle.cpu_kernels import kernel_report
     from kimi_eagle.doctor.report import exit_code, print_report
 
     args.probe = args.probe or bool(args.probe_url or args.probe_profile or args.agreement_only)
@@ -88,15 +89,17 @@ def run_doctor(args: argparse.Namespace) -> int:
         diagnosis.findings.extend([*skipped, *(probe.findings() if probe else []),
                                   *(engine.findings() if engine else [])])
     code = exit_code(diagnosis.findings, args.engine)
+    machine = kernel_report()  # which of vLLM's kernel builds serves here: a figure measured elsewhere may differ
     if args.json:
         report = diagnosis.model_dump(mode="json")
+        report["machine"] = machine.as_dict() if machine else None
         report["probe"] = probe.model_dump(mode="json") if probe else None
         report["engine_probe"] = engine.model_dump(mode="json") if engine else None
         report["exit_code"] = code
         print(json.dumps(report, indent=1))
         return code
     console = Console(width=max(Console().width, 160))
-    print_report(diagnosis, console, args.engine)
+    print_report(diagnosis, console, args.engine, machine)
     if probe:
         from kimi_eagle.doctor.probe import probe_table
 

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from kimi_eagle.adapter.checks import Diagnosis, Finding, Severity
 from kimi_eagle.adapter.checks.engines import ENGINE_LABELS
+from kimi_eagle.cpu_kernels import KernelReport
 
 SEVERITY_STYLE = {Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.REFUSAL: "bold red"}
 STATUS_STYLE = {"loaded": "green", "consumed": "green", "ignored": "dim", "shared": "cyan",
@@ -86,8 +87,11 @@ def trained_table(diagnosis: Diagnosis) -> Table:
     return table
 
 
-def print_report(diagnosis: Diagnosis, console: Console, engine: str = "all") -> None:
+def print_report(diagnosis: Diagnosis, console: Console, engine: str = "all", machine: KernelReport | None = None
+                 ) -> None:
     console.print(f"[bold]kimi-eagle doctor[/]  draft: {diagnosis.draft}  target: {diagnosis.target or '(none)'}")
+    if machine:
+        console.print(escape(f"machine  {machine.line()}"))
     if diagnosis.layout:
         console.print(escape(f"layout  {diagnosis.layout}"))
     ids = diagnosis.aux_ids

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from kimi_eagle.cli import fail
+from kimi_eagle.cpu_kernels import kernel_report
 from kimi_eagle.serve.command import CommandError, ServeCommand, build_command
 from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
 from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
@@ -55,7 +56,12 @@ def run_serve(args: argparse.Namespace) -> int:
                                 port=args.port, api_key=args.api_key, extra_args=extra)
     except (ProfileError, CommandError) as exc:
         return fail("serve", str(exc))
-    from kimi_eagle.serve.preflight import preflight
+    from kimi_eagle.serve.preflight import flag_value, preflight
+
+    machine = kernel_report()  # first: a speed or a fault seen here may be this ISA's (BENCHMARKS.md names each)
+    if machine:
+        named = flag_value(command.argv, "--attention-backend")
+        print(f"kimi-eagle serve: {machine.line(named)}", file=sys.stderr, flush=True)
 
     # The files first: seconds, and nothing is started when they are wrong.
     if not preflight(command):

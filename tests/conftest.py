@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
 from kimi_eagle.serve.profile import load_profile
 from tests.helpers.server import DEFAULT_PROFILE, EXACT_PROFILE, Server
+from tests.helpers.worker_cores import give_this_worker_cores_of_its_own, remove_slots
 
 # Real responses of a real SGLang 0.5.23 server (its README says how they were recorded), carried by the project.
 RECORDINGS_DIR = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-cpu"
@@ -40,23 +40,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _give_this_worker_cores_of_its_own()
+    give_this_worker_cores_of_its_own()  # a worker that replaces a crashed one too
     collect_garbage_less_often()  # the tests import torch and vLLM too, as the processes they start do
     _refuse_loadgroup_under_pytest_9(config)
 
 
-def _give_this_worker_cores_of_its_own() -> None:
-    """Each xdist worker, and every server it starts (children inherit the affinity; serve binds a profile's cores
-    inside it), runs on its own share of the CPUs. Two engines on the same cores slow each other by far more than
-    they gain: each worker's OpenMP threads spin on every core, and on the 2-core machine a server started beside a
-    loaded one was not ready after 600 s, where it starts in 27 s on one core of its own."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cpus = sorted(os.sched_getaffinity(0))
-    if worker is None or count < 2 or len(cpus) < count:
-        return
-    index, share = int(worker.removeprefix("gw")), len(cpus) // count
-    mine = cpus[index * share:] if index == count - 1 else cpus[index * share:(index + 1) * share]
-    os.sched_setaffinity(0, mine)
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The ISA and the kernel build the suite ran on: a figure or a CPU fix tested here may be that ISA's."""
+    from kimi_eagle.cpu_kernels import kernel_report
+
+    machine = kernel_report()
+    return f"kimi-eagle: {machine.line()}" if machine else None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    remove_slots()
 
 
 def _refuse_loadgroup_under_pytest_9(config: pytest.Config) -> None:

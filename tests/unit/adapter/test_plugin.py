@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.helpers.kernel_probe import causal_reference
+
 
 def test_plugin_is_a_vllm_general_plugin() -> None:
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
@@ -49,10 +51,15 @@ def _expand_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_upstream_cpu_expand_still_loses_its_output() -> None:
-    """Why the patch exists. If this starts failing, upstream fixed issue 55005: drop `enable_correct_expand`."""
-    import vllm._C  # noqa: F401 - registers torch.ops._C
+    """Why the patch exists. If this starts failing, upstream fixed issue 55005: drop `enable_correct_expand`.
 
+    The same on every ISA: the fault is in vLLM's Python wrapper (an int64 copy of the output), and each of the three
+    kernel builds has the op; this runs the build vLLM loads for this CPU (tests/unit/kimi_eagle/test_cpu_kernels.py
+    runs it on an emulated AVX2-only CPU too)."""
     from kimi_eagle.adapter.cpu_fixes import upstream_expand_kernel
+    from kimi_eagle.cpu_kernels import load_vllm_kernels
+
+    load_vllm_kernels()  # registers torch.ops._C: the build vLLM picks, never one imported by name
 
     upstream = upstream_expand_kernel()
     temperatures, cu, out = _expand_inputs()
@@ -103,15 +110,11 @@ def test_plugin_points_the_cpu_mla_backends_at_their_spec_decode_builders(name: 
     assert issubclass(builder, resolve_obj_by_qualname(CPU_MLA_BACKENDS[name]).get_builder_cls())
 
 
-def _causal_reference(q: torch.Tensor, cache: torch.Tensor, blocks: list[int], extent: int) -> torch.Tensor:
-    kv = torch.cat([cache[b] for b in blocks])[:extent]
-    return torch.softmax(q @ kv.T * 0.1, dim=-1) @ kv[:, :512]
-
-
 @pytest.mark.parametrize("query_len", [1, 2, 4])
 def test_cpu_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_len: int) -> None:
     """vLLM's own CPU kernel, fed one row per query token: row t of a request attends the context and block
-    tokens 0..t, exactly what the prefill path computed for verification."""
+    tokens 0..t, exactly what the prefill path computed for verification. CPU_MLA's kernel is in all three builds
+    (AVX2, AVX-512, AVX-512 BF16): this runs the one vLLM loads here."""
     from vllm import _custom_ops as ops
 
     from kimi_eagle.adapter.cpu_mla_spec_decode import decode_rows
@@ -126,7 +129,7 @@ def test_cpu_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_l
     out = torch.zeros(2 * query_len, heads, 512)
     ops.mla_decode_kvcache_cpu(out, q, cache, 0.1, rows.to(torch.int32), extents.to(torch.int32))
     for row in range(q.shape[0]):
-        expected = _causal_reference(q[row], cache, rows[row].tolist(), int(extents[row]))
+        expected = causal_reference(q[row], cache, rows[row].tolist(), int(extents[row]))
         torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-4)
 
 
@@ -154,7 +157,7 @@ def test_amx_mla_decode_kernel_verifies_a_block_of_draft_tokens_causally(query_l
                        _expand_block_table(rows, block_size), torch.arange(rows.shape[0], dtype=torch.int64),
                        extents.to(torch.int64), 0.1, 0.0, False, 0, None, None)
     for row in range(q.shape[0]):
-        expected = _causal_reference(q[row].float(), cache.float(), rows[row].tolist(), int(extents[row]))
+        expected = causal_reference(q[row].float(), cache.float(), rows[row].tolist(), int(extents[row]))
         torch.testing.assert_close(out[row].float(), expected, atol=3e-2, rtol=3e-2)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from kimi_eagle.bench import guidellm
 from kimi_eagle.bench.guidellm import Figures, Row
+from kimi_eagle.bench.result import Machine
 from kimi_eagle.loadtest.prompts import load_prompts
 from tests.helpers.cli import DATA
 
@@ -58,7 +59,9 @@ def test_verdict_gives_the_ratio_to_no_draft_and_calls_out_tools_that_disagree()
     assert "1.25x --no-draft" in text, text
     assert "differ by more than 15% on 1 held-out row" in text, text
     table = guidellm.markdown(guidellm.GuideLLMResult.model_construct(
-        command="c", started_utc="t", duration_s=60, machine=type("M", (), {"cpu_model": "cpu", "cpus": 2,
-                                                                         "vllm_version": "0.32.0"})(),
+        command="c", started_utc="t", duration_s=60, machine=Machine(
+            cpu_model="cpu", cpus=2, memory_gib=24, load_average_before=[0, 0, 0], load_average_after=[0, 0, 0],
+            vllm_version="0.32.0", torch_version=None, isa="AVX2", vllm_kernels="_C_AVX2"),
         profile="tiny-cpu", guidellm_version="0.8.1", plan=guidellm.QUICK, rows=rows, verdict=text))
+    assert "cpu, 2 CPUs, AVX2 (vLLM kernels _C_AVX2), vLLM 0.32.0" in table, table  # where its figures were made
     assert "| profile | 1 | 1 | held-out | 200 (5.00 ms) | 1.25 | 198 (5.00 ms) | 1.98 | 0.99 |" in table, table

@@ -10,6 +10,7 @@ import pytest
 
 import tests.helpers.broken_drafts as bd
 from kimi_eagle.cli import main
+from kimi_eagle.cpu_kernels import kernel_report
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.preflight import preflight
 
@@ -28,6 +29,9 @@ def test_fixture_pair_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for title in ("Findings", "Key coverage", "vLLM 0.32", "SGLang 0.5.23", "Weight health", "Trained or not?"):
         assert title in out
+    machine = kernel_report()
+    assert f"vLLM CPU kernels {machine.kernel_build} (built for {machine.built_for}" in " ".join(out.split())
+    assert f": {machine.isa};" in out
     assert "qkv_proj.weight [q]" in out  # shard ids survive rich's markup
 
 
@@ -52,6 +56,9 @@ def test_json_report(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert doctor(bd.build("stray_bias", built), "--target", bd.SOURCE_TARGET, "--json") == 2
     report = json.loads(capsys.readouterr().out)
     assert report["exit_code"] == 2
+    machine = kernel_report().as_dict()  # {"isa": "AVX2", "kernel_build": "_C_AVX2", ...}
+    assert {k: report["machine"][k] for k in ("cpu", "isa", "kernel_build", "built_for")} == {
+        k: machine[k] for k in ("cpu", "isa", "kernel_build", "built_for")}
     unloaded = [f for f in report["findings"] if f["code"] == "unloaded-tensor"]
     assert {f["engine"] for f in unloaded} == {"vllm", "sglang"} and unloaded[0]["severity"] == 2
     row = next(r for r in report["coverage"] if r["key"] == "layers.0.self_attn.q_proj.bias")

@@ -11,6 +11,7 @@ import shlex
 import pytest
 
 from kimi_eagle.cli import main
+from kimi_eagle.cpu_kernels import kernel_report
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.serve.command import CommandError, build_command
 from kimi_eagle.serve.profile import PROFILES_DIR, Profile, available_profiles, load_profile
@@ -118,7 +119,13 @@ def test_the_dry_run_reports_the_executor_vllm_will_use_under_the_profiles_env()
 
 def test_serve_dry_run_prints_the_validated_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "tiny-cpu", "--dry-run"]) == 0, capsys.readouterr().err
-    words = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    out, err = capsys.readouterr()
+    machine = kernel_report()
+    # its first line: the ISA and the kernel build, which a speed or a fault seen here may be particular to
+    first = err.splitlines()[0]
+    assert first.startswith(f"kimi-eagle serve: CPU {machine.cpu}: {machine.isa}; vLLM CPU kernels "
+                            f"{machine.kernel_build} (built for {machine.built_for};"), first
+    words = shlex.split(out.strip().splitlines()[-1])
     assert _flag(words, "--model") == str(TARGET_DIR)
     assert json.loads(_flag(words, "--speculative-config"))["model"] == str(DRAFT_DIR)
 
