@@ -121,7 +121,7 @@ def apply() -> bool:
         return False
     report = kernel_report()
     if report:  # each fix below was proven on this build's kernels (tests/unit/kimi_eagle/test_cpu_kernels.py)
-        logger.info("kimi-eagle: %s", report.line())
+        logger.info("kimi-eagle: %s", report.kernels())  # vLLM logs the attention backend it takes
     enable_block_size_16()
     enable_correct_expand()
     if envs.fault() == "upstream-top-k":  # a real engine fault for the tests of how a fault is reported

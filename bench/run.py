@@ -95,9 +95,14 @@ def machine_now(load_before: tuple[float, float, float]) -> Machine:
                    vllm_version=_version("vllm"), torch_version=_version("torch"))
 
 
+def torch_compile_cache() -> Path:
+    """The torch.compile cache of the vLLM servers started from this process (`VLLM_CACHE_ROOT`, vLLM's default)."""
+    return Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")) / "torch_compile_cache"
+
+
 def compile_cache_note() -> str:
     """Cold starts are faster when vLLM's torch.compile cache already holds the graphs: say which case this was."""
-    cache = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")) / "torch_compile_cache"
+    cache = torch_compile_cache()
     files = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else 0
     state = "warm (for the configurations compiled before)" if files else "empty"
     shown = f"~/{cache.relative_to(Path.home())}" if cache.is_relative_to(Path.home()) else str(cache)

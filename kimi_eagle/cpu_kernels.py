@@ -100,13 +100,15 @@ class KernelReport:
     loaded: bool  # True: read off this process's mappings; False: the build vLLM loads for this ISA
     mla_backend: str
 
-    def line(self, named_backend: str | None = None) -> str:
-        """One line for people; `named_backend`: the attention backend a command names (vLLM then takes it)."""
+    def kernels(self) -> str:
         how = "loaded" if self.loaded else "vLLM's pick for this CPU"
+        return f"CPU {self.cpu}: {self.isa}; vLLM CPU kernels {self.kernel_build} (built for {self.built_for}; {how})"
+
+    def line(self, named_backend: str | None = None) -> str:
+        """`kernels()` and the MLA backend; `named_backend`: the attention backend a command names (vLLM takes it)."""
         backend = f"{named_backend} (named)" if named_backend else f"{self.mla_backend} (vLLM's pick; a profile may " \
                                                                    "name another)"
-        return (f"CPU {self.cpu}: {self.isa}; vLLM CPU kernels {self.kernel_build} (built for {self.built_for}; "
-                f"{how}); MLA backend {backend}")
+        return f"{self.kernels()}; MLA backend {backend}"
 
     def as_dict(self) -> dict[str, str | bool]:
         return asdict(self)

@@ -170,8 +170,10 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
 def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path) -> None:
     """`bench --startup --quick`: `kimi-eagle serve` twice on an empty compile cache of its own; the second start
     loads the target's graph the first compiled, is the faster, and answers as the first did (the loaded graph
-    computes what the compiled one did). The output folder is relative, as `make bench`'s default `bench/results`
-    is: the compile cache under it is then relative too."""
+    computes what the compiled one did). Its cache links the inductor kernels of the suite's servers (the quick
+    plan), so the first start traces and saves every graph but compiles only kernels no server compiled before.
+    The output folder is relative, as `make bench`'s default `bench/results` is: the compile cache under it is then
+    relative too."""
     from kimi_eagle.bench import startup
 
     done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--startup", "--quick", "--out",

@@ -13,6 +13,7 @@ import requests
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from kimi_eagle.cpu_kernels import expected_build, this_cpu
 from kimi_eagle.fixtures.pair_spec import HELDOUT_PROMPTS_FILE
 from kimi_eagle.fixtures.train_target import distinct_bigram_ratio
 from tests.helpers.chi_square import chi_square_p_value
@@ -68,6 +69,9 @@ def test_engine_starts_with_draft_and_aux_layers(spec_server: Server) -> None:
     log = spec_server.log.read_text()
     assert "Using auxiliary layers from speculative config: (2, 4, 6)" in log, "no aux layers 2, 4, 6 captured"
     assert "EAGLE drafter KV cache initialized" in log, "the draft got no KV cache: is it loaded?"
+    isa = this_cpu()  # the plugin names the ISA and the kernel build the engine runs, in every server's log
+    said = f"kimi-eagle: CPU {isa.model}: {isa.name}; vLLM CPU kernels {expected_build(isa)} (built for"
+    assert said in log, f"the log does not say which ISA and kernel build served: expected {said!r}"
     print(f"spec server healthy after {spec_server.ready_s:.0f}s")
 
 

@@ -48,6 +48,26 @@ def test_the_report_lists_each_start_with_what_the_cache_held(tmp_path: Path) ->
     assert "| 1 | first | 86.0 | 0 | compiled | 3 tokens |" in text
     assert "| 1 | second | 31.2 | 41 | loaded | as the first |" in text
     assert "**first start (nothing compiled) 86.0 s to Ready, every later start 31.2 s (meets" in text
+    assert f"CPUs, {result.machine.isa} (vLLM kernels {result.machine.vllm_kernels}), vLLM" in text  # measured on
+
+
+def test_a_quick_rounds_cache_links_the_ambient_kernels_and_counts_no_file(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    ambient = tmp_path / "ambient"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(ambient))
+    kernel = ambient / "torch_compile_cache" / "inductor_shared" / "ab" / "kernel.so"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"compiled")
+    cache = tmp_path / "round"
+    startup.link_shared_kernels(cache)
+    startup.link_shared_kernels(cache)  # a second round's call on the same folder is harmless
+    link = cache / "torch_compile_cache" / "inductor_shared"
+    assert link.is_symlink() and (link / "ab" / "kernel.so").read_bytes() == b"compiled"
+    assert sum(1 for p in cache.rglob("*") if p.is_file()) == 0  # what `cache_files_before` counts
+    shutil.rmtree(cache)  # as the round ends
+    assert kernel.exists(), "removing a round's cache must leave the ambient kernels"
 
 
 def test_a_start_that_never_prints_its_ready_line_is_a_start_error_naming_its_log(tmp_path: Path) -> None:
