@@ -87,7 +87,8 @@ def ceiling_prompts(probes: list[CeilingProbe], tolerance: float = 0.05) -> list
 
 
 def machine_now(load_before: tuple[float, float, float]) -> Machine:
-    isa, kernels = this_cpu(), kernel_report()
+    isa = this_cpu()
+    kernels = kernel_report(isa)
     return Machine(cpu_model=isa.model, isa=isa.name, vllm_kernels=kernels.kernel_build if kernels else None,
                    cpus=os.cpu_count() or 0,
                    memory_gib=round(psutil.virtual_memory().total / 2**30, 1),

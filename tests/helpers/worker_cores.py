@@ -5,14 +5,14 @@ every core, and on the 2-core machine a server started beside a loaded one was n
 starts in 27 s on one core of its own. So each worker (and every server it starts: children inherit the affinity,
 and serve binds a profile's cores inside it) takes one of `PYTEST_XDIST_WORKER_COUNT` shares of the CPUs.
 
-A share is a slot that a worker holds by an exclusive `flock` on a file of this run's, for as long as it lives: when
+A share is a slot that a worker holds by an exclusive `flock` on a file of this run's (a folder named by the xdist
+controller's pid: every worker, a replacement too, is its child), for as long as it lives: when
 a worker dies (a test that crashes the interpreter), the kernel releases its lock and the worker xdist starts in its
 place, named gwN with N >= the worker count, takes the share it left. Naming the share by the worker's number gave
 that replacement an empty list of CPUs: `sched_setaffinity` raised EINVAL and the whole run ended (INTERNALERROR)."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -23,8 +23,8 @@ from pathlib import Path
 _held: list[int] = []  # the slot's file descriptor, open (and locked) until this process ends
 
 
-def slots_dir(run_id: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"kimi-eagle-worker-cores-{run_id}"
+def slots_dir(controller_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"kimi-eagle-worker-cores-{controller_pid}"
 
 
 def share(cpus: list[int], slot: int, count: int) -> list[int]:
@@ -55,8 +55,7 @@ def give_this_worker_cores_of_its_own() -> list[int] | None:
     cpus = sorted(os.sched_getaffinity(0))
     if worker is None or count < 2 or len(cpus) < count:
         return None
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")
-    slot = claim_slot(slots_dir(run_id), count, int(worker.removeprefix("gw")))
+    slot = claim_slot(slots_dir(os.getppid()), count, int(worker.removeprefix("gw")))
     if slot is None:  # a process that outlived its worker holds its lock: share rather than stop the run
         warnings.warn(f"xdist worker {worker}: every one of the {count} core shares is held; it runs on all of "
                       f"{cpus}", stacklevel=1)
@@ -67,22 +66,6 @@ def give_this_worker_cores_of_its_own() -> list[int] | None:
 
 
 def remove_slots() -> None:
-    """In the controller, once the run ends: the slot files of its workers."""
+    """In the controller, once the run ends: its workers' slot files."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        with contextlib.suppress(OSError):
-            for directory in Path(tempfile.gettempdir()).glob("kimi-eagle-worker-cores-*"):
-                if not _locked(directory):
-                    shutil.rmtree(directory, ignore_errors=True)
-
-
-def _locked(directory: Path) -> bool:
-    """Whether a live process holds a slot of `directory` (a run still going on beside this one)."""
-    for path in directory.glob("slot-*"):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-    return False
+        shutil.rmtree(slots_dir(os.getpid()), ignore_errors=True)

@@ -38,6 +38,11 @@ def test_each_isa_gets_the_build_vllm_loads_for_it(isa: CpuIsa, build: str, name
     assert cpu_kernels.mla_backend(isa) == ("AMX_MLA" if isa.amx else "CPU_MLA")
 
 
+def test_other_architectures_have_one_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_kernels, "X86", False)
+    assert {expected_build(_isa()), expected_build(_isa(avx512=True))} == {"_C"}
+
+
 def test_vllm_loads_the_build_this_cpu_calls_for() -> None:
     isa = this_cpu()
     loaded = load_vllm_kernels()
