@@ -56,7 +56,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                 port=args.port, api_key=args.api_key, extra_args=extra)
     except (ProfileError, CommandError) as exc:
         return fail("serve", str(exc))
-    from kimi_eagle.serve.preflight import flag_value, preflight
+    from kimi_eagle.serve.preflight import address_is_free, flag_value, preflight
 
     machine = kernel_report()  # first: a speed or a fault seen here may be this ISA's (BENCHMARKS.md names each)
     if machine:
@@ -75,6 +75,8 @@ def run_serve(args: argparse.Namespace) -> int:
         print(report.render(), file=sys.stderr)  # stdout keeps only the command, for scripts
         print(command.printable())
         return 0
+    if not address_is_free(command):
+        return fail("serve", f"{command.url} is taken: nothing was started")
     note = f"  draft: {command.draft}" if command.draft else "  (no speculation)"
     try:
         # vLLM's own checks of the flags and the engine config take seconds, most of them importing vLLM, which the

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import re
+import socket
 import sys
+import urllib.parse
 from pathlib import Path
 
 from kimi_eagle.serve.command import ServeCommand
@@ -47,6 +50,27 @@ def kv_cache_fits(command: ServeCommand) -> bool:
           f"{requested}) and NUMA node {node} has {available / GIB:.2f} GiB available: free memory (another "
           f"server?) or give a smaller {KV_CACHE_BYTES_FLAG} after `--`", file=sys.stderr)
     return False
+
+
+def address_is_free(command: ServeCommand) -> bool:
+    """True unless something listens on the address the server is to bind. Otherwise the other server answers
+    /health while this one imports, `serve` prints Ready for it, and the new server then dies binding the port
+    ("Address already in use"). Bound as uvicorn binds (SO_REUSEADDR), so a port in TIME_WAIT is free."""
+    address = urllib.parse.urlsplit(command.url)
+    host, port = address.hostname or "127.0.0.1", address.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return True  # vLLM's own bind says what else is wrong with the address
+            print(f"pre-flight: {host}:{port} is already in use (another server, a `make serve` still running?), "
+                  "so no engine was started: stop it, or give another port (`kimi-eagle serve --port N`, "
+                  "`make serve ARGS=\"--port N\"`)", file=sys.stderr)
+            return False
+    return True
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:

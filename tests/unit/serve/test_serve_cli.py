@@ -88,3 +88,18 @@ def test_a_flag_vllm_refuses_stops_the_server_started_beside_the_check_before_it
     assert "kimi-eagle serve: vLLM rejects the flags of this profile: unrecognized arguments: --no-such-flag" \
         in result.stderr
     assert "Traceback" not in result.stderr and "usage:" not in result.stderr and "(APIServer" not in result.stderr
+
+
+def test_a_port_another_server_listens_on_is_refused_before_vllm_starts(capfd: pytest.CaptureFixture[str]) -> None:
+    """Before, the other server answered /health while ours imported: `serve` printed Ready for it, then ours died
+    binding the port ("Address already in use")."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        done = run_cli_here(capfd, "serve", "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    assert f"pre-flight: 127.0.0.1:{port} is already in use" in done.stderr
+    assert "Starting vLLM" not in done.stderr and "Ready in" not in done.stdout
