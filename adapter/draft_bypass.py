@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from kimi_eagle import envs
 from kimi_eagle.adapter import compat
 from kimi_eagle.adapter.acceptance_alarm import AcceptanceWindow
+from kimi_eagle.adapter.runners import model_runner
 
 logger = logging.getLogger("vllm.kimi_eagle")
 
@@ -209,8 +210,15 @@ def _install_scheduler() -> None:
             logger.warning("kimi-eagle: draft fail-safe off: %s. The acceptance alarm still watches.", reason)
             return
         # With async scheduling the runner's next step reads bookkeeping that the draft pass writes: keep vLLM's
-        # own k=0 there (the draft still runs its first pass); skip the draft only where bookkeeping is synchronous.
-        self._kimi_eagle_skip = not self.scheduler_config.async_scheduling
+        # own k=0 there (the draft still runs its first pass); skip the draft only where bookkeeping is synchronous,
+        # on the runner whose steps the skip is written for (V1's; V2 reads k per step from the scheduler, and
+        # pads the verification of a k=0 step on its own).
+        runner = model_runner(self.vllm_config)
+        self._kimi_eagle_skip = not self.scheduler_config.async_scheduling and runner == "V1"
+        if runner != "V1":
+            logger.info("kimi-eagle: draft fail-safe on Model Runner %s: the scheduler schedules no draft tokens "
+                        "while bypassed; the draft's own pass still runs each step on this runner (the plain-step "
+                        "shortcut is Model Runner V1's)", runner)
         self._kimi_eagle_lookup = self.dynamic_sd_lookup  # the configured schedule (None: k always)
         self._kimi_eagle_zeros = [0] * (self.scheduler_config.max_num_seqs + 1)
         if envs.runtime_checks() and envs.bypass_enabled():

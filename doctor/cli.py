@@ -93,6 +93,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     if args.json:
         report = diagnosis.model_dump(mode="json")
         report["machine"] = machine.as_dict() if machine else None
+        report["model_runner"] = model_runner_report()
         report["probe"] = probe.model_dump(mode="json") if probe else None
         report["engine_probe"] = engine.model_dump(mode="json") if engine else None
         report["exit_code"] = code
@@ -111,6 +112,15 @@ def run_doctor(args: argparse.Namespace) -> int:
     console.print({0: "[green]all good[/]", 1: "[yellow]warnings[/] (exit 1)",
                    2: "[bold red]refusals[/]: serving would stop (exit 2)"}[code])
     return code
+
+
+def model_runner_report() -> dict:
+    """`--json`'s `model_runner`: the runner vLLM picks here, and each guard's reach on each runner."""
+    from kimi_eagle.adapter.runners import GUARDS, runner_here
+
+    runner, why = runner_here()
+    return {"here": runner, "why": why,
+            "guards": [{"name": g.name, "hook": g.hook, "V1": g.v1, "V2": g.v2} for g in GUARDS]}
 
 
 def run_probes(args: argparse.Namespace,

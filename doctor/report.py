@@ -87,6 +87,20 @@ def trained_table(diagnosis: Diagnosis) -> Table:
     return table
 
 
+def runner_table() -> Table:
+    """Which of vLLM's model runners serves an EAGLE-3 draft here, and guard by guard what acts on each."""
+    from kimi_eagle.adapter.runners import GUARDS, runner_here
+
+    runner, why = runner_here()
+    table = Table(title=f"vLLM's Model Runner {runner} serves EAGLE-3 here ({why}): the guards on each runner",
+                  title_justify="left")
+    for column in ("guard or fix", "Model Runner V1", "Model Runner V2"):
+        table.add_column(column)
+    for guard in GUARDS:
+        table.add_row(escape(guard.name), *(escape(guard.on(r)) for r in ("V1", "V2")))
+    return table
+
+
 def print_report(diagnosis: Diagnosis, console: Console, engine: str = "all", machine: KernelReport | None = None
                  ) -> None:
     console.print(f"[bold]kimi-eagle doctor[/]  draft: {diagnosis.draft}  target: {diagnosis.target or '(none)'}")
@@ -103,6 +117,8 @@ def print_report(diagnosis: Diagnosis, console: Console, engine: str = "all", ma
                 "refuses") else "yellow"
             console.print(f"{ENGINE_LABELS[name]}  [{style}]{escape(verdict.verdict)}[/]")
     console.print(findings_table(diagnosis.findings, engine))
+    if engine in ("all", "vllm"):
+        console.print(runner_table())
     if diagnosis.coverage:
         console.print(coverage_table(diagnosis, engine))
     if diagnosis.health:

@@ -160,8 +160,10 @@ def diagnose(draft_dir: Path, target_dir: Path | None, *, check_values: bool = T
         draft = open_checkpoint(Path(draft_dir))
         spec = draft_spec(draft.config)
     except (CheckpointError, DraftConfigError) as exc:
-        result.findings.append(finding("draft-unreadable", Severity.REFUSAL, "the draft cannot be read", str(exc),
-                                       "a speculators-format (or flat) EAGLE-3 draft folder", "fix the folder"))
+        result.findings.append(finding(getattr(exc, "code", "draft-unreadable"), Severity.REFUSAL,
+                                       "the draft cannot be read", str(exc),
+                                       "a speculators-format (or flat) EAGLE-3 draft folder",
+                                       getattr(exc, "fix", "fix the folder")))
         return result
     target = None
     # a tensor stored twice: the draft's copies are small enough to compare, the target's data is never read

@@ -58,10 +58,21 @@ def _mla_shape(layer: dict) -> MLAShape | None:
                     v_head_dim=int(layer["v_head_dim"]))
 
 
-def _ids(value: object) -> list[int] | None:
-    if isinstance(value, list | tuple) and value:
-        return [int(v) for v in value]
-    return None
+def layer_ids(value: object, where: str = "eagle_aux_hidden_state_layer_ids") -> list[int] | None:
+    """A list of aux layer ids as a config holds it, or None when it holds none. Ids that are not JSON integers
+    (`["2", "30", "58"]`) are refused: neither engine converts them, and vLLM's target then captures no layer at all
+    (it compares the layer's int index with strings), so the draft gets nothing to fuse."""
+    if not isinstance(value, list | tuple) or not value:
+        return None
+    wrong = [v for v in value if isinstance(v, bool) or not isinstance(v, int)]
+    if wrong:
+        fixed = [int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in value]
+        what = "is not a JSON integer" if len(wrong) == 1 else "are not JSON integers"
+        raise DraftConfigError(
+            f"{where} is {list(value)!r}: {', '.join(repr(v) for v in wrong)} {what}, and no engine converts "
+            "them (vLLM's target captures no layer for a string id, and its first step fails)",
+            code="aux-ids-type", fix=f"write the ids as integers: \"{where.rsplit('.', 1)[-1]}\": {fixed}")
+    return list(value)
 
 
 @dataclass
@@ -149,7 +160,13 @@ class DraftSpec:
 
 
 class DraftConfigError(ValueError):
-    """A config that is not an EAGLE-3 draft config; the message says what it is and what is needed."""
+    """A config that is not an EAGLE-3 draft config; the message says what it is and what is needed. `code` and
+    `fix` are the finding doctor reports for it."""
+
+    def __init__(self, message: str, code: str = "draft-unreadable", fix: str = "fix the folder") -> None:
+        super().__init__(message)
+        self.code = code
+        self.fix = fix
 
 
 @dataclass
@@ -180,10 +197,13 @@ def _speculators_sections(config: dict) -> _Sections:
     return _Sections(
         format="speculators", layer=layer, eagle_config=layer_eagle,
         # vLLM copies only these fields from the top level (speculators/algos.py::update_eagle3).
-        top_level_ids=(_ids(config.get("eagle_aux_hidden_state_layer_ids"))
-                       or _ids(layer.get("eagle_aux_hidden_state_layer_ids"))),
-        eagle_config_ids=_ids(layer_eagle.get("eagle_aux_hidden_state_layer_ids")),
-        unread_ids=_ids((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")),
+        top_level_ids=(layer_ids(config.get("eagle_aux_hidden_state_layer_ids"))
+                       or layer_ids(layer.get("eagle_aux_hidden_state_layer_ids"),
+                                    "transformer_layer_config.eagle_aux_hidden_state_layer_ids")),
+        eagle_config_ids=layer_ids(layer_eagle.get("eagle_aux_hidden_state_layer_ids"),
+                                   "transformer_layer_config.eagle_config.eagle_aux_hidden_state_layer_ids"),
+        unread_ids=layer_ids((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"),
+                             "eagle_config.eagle_aux_hidden_state_layer_ids"),
         declared_norm_before_residual=declared_nbr,
         norm_before_residual=True if declared_nbr is None else bool(declared_nbr),  # vLLM's default here
         verifier=(config.get("speculators_config") or {}).get("verifier") or {})
@@ -194,8 +214,10 @@ def _flat_sections(config: dict) -> _Sections:
     declared_nbr = config.get("norm_before_residual")
     return _Sections(
         format="flat", layer=config, eagle_config=eagle_config,
-        top_level_ids=_ids(config.get("eagle_aux_hidden_state_layer_ids")),
-        eagle_config_ids=_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids")), unread_ids=None,
+        top_level_ids=layer_ids(config.get("eagle_aux_hidden_state_layer_ids")),
+        eagle_config_ids=layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
+                                   "eagle_config.eagle_aux_hidden_state_layer_ids"),
+        unread_ids=None,
         declared_norm_before_residual=declared_nbr, norm_before_residual=bool(declared_nbr), verifier={})
 
 

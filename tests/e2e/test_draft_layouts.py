@@ -11,12 +11,11 @@ import pytest
 from kimi_eagle.adapter.checks.layout import draft_spec
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.startup import LOADED_MARK
-from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, HELDOUT_PROMPTS_FILE, MLA_DRAFT_DIR, TARGET_DIR
+from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, HELDOUT_PROMPTS_FILE, MLA_DRAFT_DIR
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import ServerStartError, running_server
 from kimi_eagle.serve.profile import load_profile
-from kimi_eagle.serve.sglang import sglang_draft_config
 from tests.helpers import broken_drafts as bd
 from tests.helpers.server import EXACT_PROFILE, Server
 
@@ -25,20 +24,9 @@ MAX_TOKENS = 48
 LAYOUT_TOKENS = 128  # as the shipped draft's acceptance is measured (README)
 
 
-def specforge_copy(out: Path) -> Path:
-    """The shipped draft as SpecForge publishes drafts (AQ-MedAI/Kimi-K25-eagle3, lightseekorg/kimi-k2.5-eagle3):
-    a flat Llama config, the aux ids only under `eagle_config`, the layer's weights under `midlayer.*`."""
-    config, tensors = bd.read_draft()
-    target_text = json.loads((TARGET_DIR / "config.json").read_text())["text_config"]
-    flat, _ = sglang_draft_config(config, target_text)
-    for key in [k for k in tensors if k.startswith("layers.0.")]:
-        tensors["midlayer." + key.removeprefix("layers.0.")] = tensors.pop(key)
-    return bd.write_draft(out, flat, tensors)
-
-
 def test_a_specforge_layout_copy_of_the_draft_serves_at_the_same_acceptance(spec_server: Server,
                                                                             tmp_path: Path) -> None:
-    draft = specforge_copy(tmp_path / "specforge")
+    draft = bd.specforge_copy(tmp_path / "specforge")
     spec = draft_spec(json.loads((draft / "config.json").read_text()))
     assert spec.format != "speculators" and spec.top_level_ids is None and spec.eagle_config_ids == [2, 4, 6]
     prompts = json.loads(HELDOUT_PROMPTS_FILE.read_text())[:4]

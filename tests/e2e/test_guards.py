@@ -3,29 +3,19 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
-from safetensors.torch import load_file, save_file
 
-from kimi_eagle.fixtures.pair_spec import DRAFT_DIR
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import ServerStartError, running_server
 from kimi_eagle.serve.profile import load_profile
+from tests.helpers import broken_drafts as bd
 from tests.helpers.server import Server, metric_value
 
 pytestmark = pytest.mark.e2e
-
-
-def draft_without(tmp_path: Path, *tensor_names: str) -> Path:
-    out = tmp_path / "draft"
-    shutil.copytree(DRAFT_DIR, out)
-    tensors = load_file(out / "model.safetensors")
-    save_file({k: v for k, v in tensors.items() if k not in tensor_names}, out / "model.safetensors")
-    return out
 
 
 def start_expecting_refusal(tmp_path: Path, draft: Path, env: dict[str, str]) -> str:
@@ -41,7 +31,8 @@ def test_unfilled_draft_parameters_are_refused_at_load(tmp_path: Path) -> None:
     """vLLM 0.32 runs such a draft silently; with the static checks off, the load-time sentinel still refuses, and
     names every parameter left unfilled: the fusion layer's and one inside the decoder layer (one start for both)."""
     missing = ["fc.weight", "layers.0.mlp.down_proj.weight"]
-    log = start_expecting_refusal(tmp_path, draft_without(tmp_path, *missing), {"KIMI_EAGLE_STATIC_CHECKS": "0"})
+    draft = bd.draft_without(tmp_path / "draft", *missing)
+    log = start_expecting_refusal(tmp_path, draft, {"KIMI_EAGLE_STATIC_CHECKS": "0"})
     refusal = next((line for line in log.splitlines() if "DraftRefusedError" in line and "unfilled" in line), "")
     assert "leaves 2 parameter(s) unfilled" in refusal, log[-3000:]
     for name in missing:

@@ -69,6 +69,24 @@ def build(name: str, out: Path) -> Path:
     return write_draft(out / name, config, tensors)
 
 
+def specforge_copy(out: Path) -> Path:
+    """The shipped draft as SpecForge publishes drafts (AQ-MedAI/Kimi-K25-eagle3, lightseekorg/kimi-k2.5-eagle3):
+    a flat Llama config, the aux ids only under `eagle_config`, the layer's weights under `midlayer.*`."""
+    from kimi_eagle.serve.sglang import sglang_draft_config
+
+    config, tensors = read_draft()
+    target_text = json.loads((SOURCE_TARGET / "config.json").read_text())["text_config"]
+    flat, _ = sglang_draft_config(config, target_text)
+    _rename(tensors, "layers.0.", "midlayer.")
+    return write_draft(out, flat, tensors)
+
+
+def draft_without(out: Path, *tensor_names: str) -> Path:
+    """The shipped draft with these tensors left out of its checkpoint."""
+    config, tensors = read_draft()
+    return write_draft(out, config, {k: v for k, v in tensors.items() if k not in tensor_names})
+
+
 def _rename(tensors: Tensors, old: str, new: str) -> None:
     for key in [k for k in tensors if k.startswith(old)]:
         tensors[new + key.removeprefix(old)] = tensors.pop(key)
@@ -166,6 +184,12 @@ def aux_two_ids(config: dict, t: Tensors) -> None:
 @fault
 def aux_missing(config: dict, t: Tensors) -> None:
     del config["eagle_aux_hidden_state_layer_ids"]
+
+
+@fault
+def aux_ids_strings(config: dict, t: Tensors) -> None:
+    """Ids written as JSON strings: vLLM's target compares each layer's int index with them and captures nothing."""
+    config["eagle_aux_hidden_state_layer_ids"] = [str(i) for i in config["eagle_aux_hidden_state_layer_ids"]]
 
 
 @fault

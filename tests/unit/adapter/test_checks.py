@@ -35,6 +35,7 @@ EXPECTED = {
     "aux_duplicated": ("aux-ids-duplicate", R, "all"),
     "aux_two_ids": ("aux-ids-count", R, "all"),
     "aux_missing": ("aux-ids-missing", W, "all"),
+    "aux_ids_strings": ("aux-ids-type", R, "all"),
     "aux_in_eagle_config": ("aux-ids-unread", R, "vllm"),
     "d2t_short": ("d2t-length", R, "all"),
     "d2t_out_of_range": ("d2t-range", R, "all"),
