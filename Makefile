@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kimi-eagle-installed
 PROFILE ?= tiny-cpu
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup serve test test-tools lint loadtest ab bench guidellm bench-guidellm clean-venv
+.PHONY: setup serve test test-tools lint loadtest ab bench guidellm bench-guidellm vllm-surface clean-venv
 
 setup: $(STAMP)
 
@@ -76,6 +76,13 @@ $(GUIDELLM_STAMP): requirements/guidellm.txt
 
 bench-guidellm: setup guidellm
 	KIMI_EAGLE_GUIDELLM=$(GUIDELLM_VENV)/bin/guidellm $(VENV)/bin/kimi-eagle bench --guidellm $(ARGS)
+
+# What of the vLLM attributes kimi-eagle touches (adapter/surface.py) a release has: `make vllm-surface VLLM=0.34.0`
+# reads its source distribution from the package index (cached, not installed) into docs/vllm-surface-VERSION.md.
+VLLM ?= 0.34.0
+
+vllm-surface: setup
+	$(VENV)/bin/kimi-eagle vllm-surface $(VLLM) --out docs/vllm-surface-$(VLLM).md
 
 clean-venv:
 	rm -rf $(VENV)

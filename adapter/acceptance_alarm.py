@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 
 logger = logging.getLogger("vllm.kimi_eagle")
 
@@ -81,16 +81,19 @@ class AcceptanceWatch:
                 w.accepted, w.draft_tokens, 100 * rate, w.drafts, w.mean_acceptance_length())
 
 
+_METRICS = "vllm.v1.spec_decode.metrics"
+
+
 def install() -> bool:
     """Wrap vLLM's spec-decoding loggers, which run in the API server process for every step's stats."""
-    if not compat.supported("acceptance alarm"):
+    if not compat.supported():
         return False
-    from prometheus_client import Gauge
-    from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
+    from vllm.v1.spec_decode.metrics import SpecDecodingProm
 
-    original = SpecDecodingProm.observe
-    if getattr(original, "_kimi_eagle_watch", None):
-        return True
+    if hasattr(SpecDecodingProm.observe, surface.ORIGINAL):
+        return True  # the gauges are registered once per process
+    from prometheus_client import Gauge
+
     # multiprocess_mode matters only when vLLM runs several API server processes (shared metrics directory).
     collapsed = Gauge("kimi_eagle:spec_decode_acceptance_collapsed",
                       "1 when accepted/drafted tokens fell below the alarm rate over the last window of drafts",
@@ -104,23 +107,26 @@ def install() -> bool:
 
     # A record with no drafts is the draft fail-safe's word that the engine bypasses its draft (vLLM itself sends
     # none for a step without drafts): it sets the gauge and is kept from vLLM's own figures.
-    def observe(self, spec_decoding_stats, engine_idx: int = 0):
-        if spec_decoding_stats.num_drafts == 0:
-            bypassed.set(1)
-            return
-        bypassed.set(0)
-        original(self, spec_decoding_stats, engine_idx)
-        if self.spec_decoding_enabled:
-            watch.observe(spec_decoding_stats.num_drafts, spec_decoding_stats.num_draft_tokens,
-                          spec_decoding_stats.num_accepted_tokens)
+    def prometheus(original):
+        def observe(self, spec_decoding_stats, engine_idx: int = 0):
+            if spec_decoding_stats.num_drafts == 0:
+                bypassed.set(1)
+                return
+            bypassed.set(0)
+            original(self, spec_decoding_stats, engine_idx)
+            if self.spec_decoding_enabled:
+                watch.observe(spec_decoding_stats.num_drafts, spec_decoding_stats.num_draft_tokens,
+                              spec_decoding_stats.num_accepted_tokens)
 
-    original_log_observe = SpecDecodingLogging.observe
+        return observe
 
-    def log_observe(self, spec_decoding_stats):
-        if spec_decoding_stats.num_drafts:
-            original_log_observe(self, spec_decoding_stats)
+    def logging_(original):
+        def observe(self, spec_decoding_stats):
+            if spec_decoding_stats.num_drafts:
+                original(self, spec_decoding_stats)
 
-    observe._kimi_eagle_watch = watch
-    SpecDecodingProm.observe = observe
-    SpecDecodingLogging.observe = log_observe
+        return observe
+
+    surface.wrap(_METRICS, "SpecDecodingProm.observe", prometheus)
+    surface.wrap(_METRICS, "SpecDecodingLogging.observe", logging_)
     return True

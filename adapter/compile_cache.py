@@ -38,9 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
@@ -71,8 +69,6 @@ def _keyed_by_captured_layers(model_hash_key: Callable[[Callable[..., Any]], str
             return upstream
         return hashlib.sha256(f"{upstream}|speculative_config={speculative.compute_hash()}".encode()).hexdigest()
 
-    key.kimi_eagle_wrapped = True
-    key.upstream = model_hash_key
     return key
 
 
@@ -86,8 +82,6 @@ def _config_factors_without_the_draft(hash_factors: Callable[[Any], list[str]]) 
         without.speculative_config = None
         return hash_factors(without)
 
-    factors.kimi_eagle_wrapped = True
-    factors.upstream = hash_factors
     return factors
 
 
@@ -99,7 +93,6 @@ def _finalize_plain_functions(load_compiled_function: Callable[..., Any]) -> Cal
             compiled.finalize_loading = lambda vllm_config: None  # a plain function: nothing left to load
         return loaded
 
-    load.kimi_eagle_wrapped = True
     return load
 
 
@@ -130,25 +123,20 @@ def _sharing_the_inductor_cache(try_load: Callable[..., Any]) -> Callable[..., A
         share_inductor_cache(Path(aot_compilation_path).parents[1])
         return try_load(model, aot_compilation_path)
 
-    load.kimi_eagle_wrapped = True
     return load
 
 
 def install() -> bool:
     """Key the cache by the captured layers (a target's not by the rest of its EAGLE-3 draft) and share inductor's
     cache between keys (any platform); on a CPU, let its saved results load."""
-    if not compat.supported("compile cache reuse"):
+    if not compat.supported():
         return False
-    from vllm.compilation import caching, decorators
     from vllm.platforms import current_platform
 
     # The model's part first: were the config's part installed alone, a draft's key would no longer hold the draft.
-    if not getattr(decorators._model_hash_key, "kimi_eagle_wrapped", False):
-        decorators._model_hash_key = _keyed_by_captured_layers(decorators._model_hash_key)
-    if not getattr(caching.aot_compile_hash_factors, "kimi_eagle_wrapped", False):
-        caching.aot_compile_hash_factors = _config_factors_without_the_draft(caching.aot_compile_hash_factors)
-    if not getattr(decorators._try_load_aot_compiled_fn, "kimi_eagle_wrapped", False):
-        decorators._try_load_aot_compiled_fn = _sharing_the_inductor_cache(decorators._try_load_aot_compiled_fn)
-    if current_platform.is_cpu() and not getattr(torch.compiler.load_compiled_function, "kimi_eagle_wrapped", False):
-        torch.compiler.load_compiled_function = _finalize_plain_functions(torch.compiler.load_compiled_function)
+    surface.wrap("vllm.compilation.decorators", "_model_hash_key", _keyed_by_captured_layers)
+    surface.wrap("vllm.compilation.caching", "aot_compile_hash_factors", _config_factors_without_the_draft)
+    surface.wrap("vllm.compilation.decorators", "_try_load_aot_compiled_fn", _sharing_the_inductor_cache)
+    if current_platform.is_cpu():
+        surface.wrap("torch.compiler", "load_compiled_function", _finalize_plain_functions)
     return True

@@ -11,7 +11,7 @@ import logging
 import torch
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 from kimi_eagle.cpu_kernels import kernel_report
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
@@ -22,7 +22,7 @@ CPU_ATTN_BLOCK_SIZES_16 = 16
 def applies_here() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.is_cpu() and compat.vllm_version() in compat.SUPPORTED_VLLM_VERSIONS
+    return current_platform.is_cpu() and compat.supported()
 
 
 def cpu_attention_block_sizes(kv_cache_spec=None) -> list:
@@ -35,9 +35,8 @@ def enable_block_size_16() -> None:
     """Target (CPU_MLA: block size 16 only) and draft (CPU_ATTN: multiples of 32) share one KV-cache group,
     and vLLM refuses to start ("No common block size for 16"). CPU_ATTN's kernel has a 16-wide path
     (`_get_attn_isa` returns "vec16" for such blocks), so it can honestly advertise 16 as well."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(cpu_attention_block_sizes)
+    surface.wrap("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend.get_supported_kernel_block_sizes",
+                 lambda _: cpu_attention_block_sizes)
 
 
 def expand_kernel(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
@@ -53,28 +52,17 @@ def expand_kernel(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: 
     output[: expanded.numel()].copy_(expanded)
 
 
-_upstream_expand = None
-
-
 def upstream_expand_kernel():
     """vLLM's own CPU expand, whether or not the fix has replaced it (tests show why the fix exists)."""
     from vllm.utils import cpu_triton_utils
 
-    return _upstream_expand or cpu_triton_utils._expand_kernel_impl
+    return surface.original_of(cpu_triton_utils._expand_kernel_impl)
 
 
 def enable_correct_expand() -> None:
     """Must run before the CPU platform registers its kernel overrides: the worker loads general plugins
     first and then reads `cpu_triton_utils._expand_kernel_impl` by name."""
-    global _upstream_expand
-    from vllm.utils import cpu_triton_utils
-
-    if cpu_triton_utils._expand_kernel_impl is not expand_kernel:
-        _upstream_expand = cpu_triton_utils._expand_kernel_impl
-    cpu_triton_utils._expand_kernel_impl = expand_kernel
-
-
-_upstream_top_k_only = None
+    surface.wrap("vllm.utils.cpu_triton_utils", "_expand_kernel_impl", lambda _: expand_kernel)
 
 
 def top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -84,24 +72,19 @@ def top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     raised inside the engine core and the server exited. Nothing to mask in zero rows."""
     if logits.shape[0] == 0:
         return logits
-    return _upstream_top_k_only(logits, k)
+    return upstream_top_k_only()(logits, k)
 
 
 def upstream_top_k_only():
     """vLLM's own top-k-only mask, whether or not the fix has replaced it (tests show why the fix exists)."""
     from vllm.v1.sample.ops import topk_topp_sampler
 
-    return _upstream_top_k_only or topk_topp_sampler.apply_top_k_only
+    return surface.original_of(topk_topp_sampler.apply_top_k_only)
 
 
 def enable_top_k_on_empty_verification() -> None:
-    global _upstream_top_k_only
-    from vllm.v1.sample.ops import topk_topp_sampler
-
     # `apply_top_k_top_p_pytorch` looks the name up in its module at each call, so replacing it there is enough.
-    if topk_topp_sampler.apply_top_k_only is not top_k_only:
-        _upstream_top_k_only = topk_topp_sampler.apply_top_k_only
-    topk_topp_sampler.apply_top_k_only = top_k_only
+    surface.wrap("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_only", lambda _: top_k_only)
 
 
 def verify_draft_tokens_on_the_mla_decode_kernel() -> None:

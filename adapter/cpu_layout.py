@@ -18,7 +18,7 @@ import logging
 import os
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 
 logger = logging.getLogger("vllm.kimi_eagle")
 
@@ -49,29 +49,25 @@ def pin_process(cores: set[int]) -> None:
 def install() -> bool:
     if envs.cpu_layout() != "shared":
         return False
-    if not compat.supported("engine core on the worker's cores"):
+    if not compat.supported():
         return False
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
-    from vllm.v1.engine.core import EngineCoreProc
-
-    original = EngineCoreProc.run_busy_loop
-    if getattr(original, "_kimi_eagle_layout", False):
-        return True
-
-    def run_busy_loop(self):
-        # Here every thread of the engine core exists and its workers are bound: what vLLM reserved stays free.
-        if not has_worker_processes(self.vllm_config):
+    def make(original):
+        def run_busy_loop(self):
+            # Here every thread of the engine core exists and its workers are bound: what vLLM reserved stays free.
+            if not has_worker_processes(self.vllm_config):
+                return original(self)
+            cores = worker_cores(self.vllm_config) & os.sched_getaffinity(0)
+            if cores:
+                pin_process(cores)
+                logger.info("kimi-eagle: engine core pinned to its workers' cores %s (the others stay for the API "
+                            "server; %s=vllm keeps vLLM's layout)", sorted(cores), envs.CPU_LAYOUT.name)
             return original(self)
-        cores = worker_cores(self.vllm_config) & os.sched_getaffinity(0)
-        if cores:
-            pin_process(cores)
-            logger.info("kimi-eagle: engine core pinned to its workers' cores %s (the others stay for the API "
-                        "server; %s=vllm keeps vLLM's layout)", sorted(cores), envs.CPU_LAYOUT.name)
-        return original(self)
 
-    run_busy_loop._kimi_eagle_layout = True
-    EngineCoreProc.run_busy_loop = run_busy_loop
+        return run_busy_loop
+
+    surface.wrap("vllm.v1.engine.core", "EngineCoreProc.run_busy_loop", make)
     return True

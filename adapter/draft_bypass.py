@@ -37,9 +37,10 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 from kimi_eagle.adapter.acceptance_alarm import AcceptanceWindow
 from kimi_eagle.adapter.runners import model_runner
 
@@ -174,12 +175,14 @@ def _zero_draft_stats(num_spec_tokens: int):
     return SpecDecodingStats.new(num_spec_tokens)
 
 
+_SCHEDULER = "vllm.v1.core.sched.scheduler"
+_RUNNER = "vllm.v1.worker.gpu_model_runner"
 SKIP_DRAFT = "kimi_eagle_skip_draft"  # set on a SchedulerOutput (pickled with it to the worker): run no draft
 
 
 def install() -> bool:
     """Wrap vLLM's `Scheduler` and `EngineCore` (engine core process) and its model runner (worker)."""
-    if not compat.supported("draft fail-safe and k=0 steps without the draft"):
+    if not compat.supported():
         return False
     _install_scheduler()
     _install_runner()
@@ -187,20 +190,10 @@ def install() -> bool:
 
 
 def _install_scheduler() -> None:
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.engine.core import EngineCore
-
-    if getattr(Scheduler.__init__, "_kimi_eagle_bypass", False):
-        return
-    original_init = Scheduler.__init__
-    original_add = Scheduler.add_request
-    original_schedule = Scheduler.schedule
-    original_count = Scheduler.make_spec_decoding_stats
-    original_update = Scheduler.update_from_output
-    original_post_step = EngineCore.post_step
+    up = SimpleNamespace()  # vLLM's own methods, as each is wrapped
 
     def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
+        up.init(self, *args, **kwargs)
         self._kimi_eagle_bypass = None
         self._kimi_eagle_skip = self._kimi_eagle_skipped = False
         spec = self.vllm_config.speculative_config
@@ -228,14 +221,14 @@ def _install_scheduler() -> None:
     def add_request(self, request, *args, **kwargs):
         if self._kimi_eagle_bypass is not None:
             self._kimi_eagle_bypass.admitted(request.request_id)
-        return original_add(self, request, *args, **kwargs)
+        return up.add(self, request, *args, **kwargs)
 
     def schedule(self, *args, **kwargs):
         bypass = self._kimi_eagle_bypass
         if bypass is not None:
             bypass.before_schedule()
             self.dynamic_sd_lookup = self._kimi_eagle_lookup if bypass.drafting else self._kimi_eagle_zeros
-        output = original_schedule(self, *args, **kwargs)
+        output = up.schedule(self, *args, **kwargs)
         self._kimi_eagle_skipped = (self._kimi_eagle_skip and output.total_num_scheduled_tokens > 0
                                     and output.num_spec_tokens_to_schedule == 0)
         if self._kimi_eagle_skipped:
@@ -247,11 +240,11 @@ def _install_scheduler() -> None:
         if self._kimi_eagle_bypass is not None and num_draft_tokens:
             invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
             self._kimi_eagle_bypass.count_draft(request_id, num_draft_tokens - invalid, num_accepted_tokens)
-        return original_count(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+        return up.count(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                               num_invalid_spec_tokens, request_id)
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        outputs = original_update(self, scheduler_output, model_runner_output)
+        outputs = up.update(self, scheduler_output, model_runner_output)
         bypass = self._kimi_eagle_bypass
         if bypass is not None:
             bypass.end_step()
@@ -267,27 +260,30 @@ def _install_scheduler() -> None:
     def post_step(self, model_executed: bool) -> None:
         # After every step vLLM asks the worker for its drafts, a round trip of its own; a skipped step made none.
         if not getattr(self.scheduler, "_kimi_eagle_skipped", False):
-            original_post_step(self, model_executed)
+            up.post_step(self, model_executed)
 
-    init._kimi_eagle_bypass = True
-    Scheduler.__init__ = init
-    Scheduler.add_request = add_request
-    Scheduler.schedule = schedule
-    Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
-    Scheduler.update_from_output = update_from_output
-    EngineCore.post_step = post_step
+    _wrap_all(up, [(_SCHEDULER, "Scheduler.__init__", "init", init),
+                   (_SCHEDULER, "Scheduler.add_request", "add", add_request),
+                   (_SCHEDULER, "Scheduler.schedule", "schedule", schedule),
+                   (_SCHEDULER, "Scheduler.make_spec_decoding_stats", "count", make_spec_decoding_stats),
+                   (_SCHEDULER, "Scheduler.update_from_output", "update", update_from_output),
+                   ("vllm.v1.engine.core", "EngineCore.post_step", "post_step", post_step)])
+
+
+def _wrap_all(up: SimpleNamespace, wrappers: list[tuple[str, str, str, Callable]]) -> None:
+    """Each (module, attribute, name, wrapper): vLLM's original goes to `up.name`, the wrapper in its place."""
+    for module, attribute, name, wrapper in wrappers:
+        def make(original, name=name, wrapper=wrapper):
+            setattr(up, name, original)
+            return wrapper
+
+        surface.wrap(module, attribute, make)
 
 
 def _install_runner() -> None:
     import torch
-    from vllm.v1.worker.block_table import MultiGroupBlockTable
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original_execute = GPUModelRunner.execute_model
-    original_sample_tokens = GPUModelRunner.sample_tokens
-    original_propose = GPUModelRunner.propose_draft_token_ids
-    if getattr(original_propose, "_kimi_eagle_bypass", False):
-        return
+    up = SimpleNamespace()
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         # A skipped step with no drafts left to verify is a plain step: it runs as the target alone's (see
@@ -295,22 +291,22 @@ def _install_runner() -> None:
         self._kimi_eagle_plain_step = (getattr(scheduler_output, SKIP_DRAFT, False)
                                        and not scheduler_output.scheduled_spec_decode_tokens)
         if not self._kimi_eagle_plain_step:
-            return original_execute(self, scheduler_output, *args, **kwargs)
+            return up.execute(self, scheduler_output, *args, **kwargs)
         with _as_the_target_alone(self):
-            return original_execute(self, scheduler_output, *args, **kwargs)
+            return up.execute(self, scheduler_output, *args, **kwargs)
 
     def sample_tokens(self, *args, **kwargs):
         if not getattr(self, "_kimi_eagle_plain_step", False):
-            return original_sample_tokens(self, *args, **kwargs)
+            return up.sample_tokens(self, *args, **kwargs)
         with _as_the_target_alone(self):  # the same step's second half: the plain sampler, no draft to propose
-            return original_sample_tokens(self, *args, **kwargs)
+            return up.sample_tokens(self, *args, **kwargs)
 
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
         if getattr(scheduler_output, SKIP_DRAFT, False):
             # What vLLM's own k=0 returns (no draft tokens for any request), without running the draft: the step
             # after the switch, which still verifies the drafts proposed before it.
             return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
-        return original_propose(self, scheduler_output, *args, **kwargs)
+        return up.propose(self, scheduler_output, *args, **kwargs)
 
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions) -> None:
         # vLLM's loop over the KV-cache groups, less the draft's on a plain step: no draft writes its cache.
@@ -319,11 +315,11 @@ def _install_runner() -> None:
             if gid not in skipped:
                 block_table.compute_slot_mapping(num_reqs, query_start_loc, positions)
 
-    propose_draft_token_ids._kimi_eagle_bypass = True
-    GPUModelRunner.execute_model = execute_model
-    GPUModelRunner.sample_tokens = sample_tokens
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
-    MultiGroupBlockTable.compute_slot_mapping = compute_slot_mapping
+    _wrap_all(up, [(_RUNNER, "GPUModelRunner.execute_model", "execute", execute_model),
+                   (_RUNNER, "GPUModelRunner.sample_tokens", "sample_tokens", sample_tokens),
+                   (_RUNNER, "GPUModelRunner.propose_draft_token_ids", "propose", propose_draft_token_ids),
+                   ("vllm.v1.worker.block_table", "MultiGroupBlockTable.compute_slot_mapping", "slot_mapping",
+                    compute_slot_mapping)])
 
 
 @contextlib.contextmanager

@@ -21,22 +21,20 @@ the GPU's before 0.32) loads the draft in `SpecDecodeBaseProposer.load_model`, V
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 
 import torch
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 from kimi_eagle.adapter.checks.layout import DraftConfigError, default_aux_ids, layer_ids
-from kimi_eagle.adapter.runners import coverage_line, model_runner
+from kimi_eagle.adapter.runners import model_runner
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
 SHARED_FROM_TARGET = ("embed_tokens", "lm_head")  # a draft may legitimately borrow these from the target
 _SENTINEL_INT = -(2**62)
-_MARK = "_kimi_eagle_guarded"
 
 
 class DraftRefusedError(RuntimeError):
@@ -97,20 +95,17 @@ def refuse_target_without_eagle3(speculative_config) -> None:
 
 
 def guard_speculative_config() -> None:
-    from vllm.config.speculative import SpeculativeConfig
+    def make(original):
+        def post_init(self) -> None:
+            original(self)
+            if (self.method == "eagle3" and self.draft_model_config is not None
+                    and self.target_model_config is not None):
+                align_aux_layer_ids(self)
+                refuse_target_without_eagle3(self)
 
-    original = SpeculativeConfig.__post_init__
-    if getattr(original, _MARK, False):
-        return
+        return post_init
 
-    def post_init(self) -> None:
-        original(self)
-        if self.method == "eagle3" and self.draft_model_config is not None and self.target_model_config is not None:
-            align_aux_layer_ids(self)
-            refuse_target_without_eagle3(self)
-
-    setattr(post_init, _MARK, True)
-    SpeculativeConfig.__post_init__ = post_init
+    surface.wrap("vllm.config.speculative", "SpeculativeConfig.__post_init__", make)
 
 
 # --- the draft classes' load_weights -----------------------------------------------------------------------------
@@ -164,44 +159,46 @@ def _unfilled(model: torch.nn.Module) -> list[str]:
     return [name for name, param in model.named_parameters() if _is_unfilled(param)]
 
 
-def guard_weight_loading(model_cls: type) -> None:
-    """Wrap the draft class's `load_weights`: static checks, sentinel, refuse parameters nothing filled, then arm
-    the first-step check."""
-    original = model_cls.load_weights
-    if getattr(original, _MARK, False):
-        return
+def guard_weight_loading(module: str, attribute: str) -> None:
+    """Wrap a draft class's `load_weights`: static checks, sentinel, refuse parameters nothing filled, then arm the
+    first-step check."""
 
-    def load_weights(self, weights):
-        vllm_config, spec = _eagle3_config()
-        if spec is not None:
-            run_static_checks(spec)
-        _fill_with_sentinel(self)
-        loaded = original(self, weights)
-        missing = [n for n in _unfilled(self) if not any(part in n for part in SHARED_FROM_TARGET)]
-        if missing:
-            raise DraftRefusedError(
-                f"draft checkpoint leaves {len(missing)} parameter(s) unfilled: {', '.join(missing)}. vLLM would "
-                "run them as uninitialised memory and accept almost nothing. Expected every draft parameter in the "
-                "checkpoint (only embed_tokens and lm_head may be shared from the target). Fix the checkpoint "
-                "(re-save it with speculators), or run `kimi-eagle doctor DRAFT` for the key table.")
-        if spec is not None:
-            ids = tuple(spec.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids)
-            target_hidden = spec.target_model_config.get_hidden_size()
-            check_first_step_width(self, ids, target_hidden)
-            logger.info("kimi-eagle: draft guards active: aux layers %s, fc %d -> %d. vLLM %s, %s",
-                        list(ids), len(ids) * target_hidden, self.config.hidden_size, compat.vllm_version(),
-                        coverage_line(model_runner(vllm_config)))
-        return loaded
+    def make(original):
+        def load_weights(self, weights):
+            vllm_config, spec = _eagle3_config()
+            if spec is not None:
+                run_static_checks(spec)
+            _fill_with_sentinel(self)
+            loaded = original(self, weights)
+            missing = [n for n in _unfilled(self) if not any(part in n for part in SHARED_FROM_TARGET)]
+            if missing:
+                raise DraftRefusedError(
+                    f"draft checkpoint leaves {len(missing)} parameter(s) unfilled: {', '.join(missing)}. vLLM "
+                    "would run them as uninitialised memory and accept almost nothing. Expected every draft "
+                    "parameter in the checkpoint (only embed_tokens and lm_head may be shared from the target). Fix "
+                    "the checkpoint (re-save it with speculators), or run `kimi-eagle doctor DRAFT` for the key "
+                    "table.")
+            if spec is not None:
+                ids = tuple(spec.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids)
+                target_hidden = spec.target_model_config.get_hidden_size()
+                check_first_step_width(self, ids, target_hidden)
+                logger.info("kimi-eagle: draft guards active: aux layers %s, fc %d -> %d. vLLM %s, %s",
+                            list(ids), len(ids) * target_hidden, self.config.hidden_size, compat.vllm_version(),
+                            surface.coverage_line(model_runner(vllm_config)))
+            return loaded
 
-    setattr(load_weights, _MARK, True)
-    model_cls.load_weights = load_weights
+        return load_weights
+
+    surface.wrap(module, attribute, make)
 
 
 # --- the target's capture ------------------------------------------------------------------------------------------
 # Where each runner's `model.set_aux_hidden_state_layers(ids)` ends: the mixin most EAGLE-3 targets share, and the
 # DeepSeek-V2/V3 setter of its own that Kimi-K2.5's wrapper (`KimiK25ForConditionalGeneration`) delegates to.
-CAPTURE_SETTERS = (("vllm.model_executor.models.interfaces", "EagleModelMixin", "_set_aux_hidden_state_layers"),
-                   ("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM", "set_aux_hidden_state_layers"))
+CAPTURE_SETTERS = (("vllm.model_executor.models.interfaces", "EagleModelMixin._set_aux_hidden_state_layers"),
+                   ("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM.set_aux_hidden_state_layers"))
+DRAFT_CLASSES = (("vllm.model_executor.models.llama_eagle3", "Eagle3LlamaForCausalLM.load_weights"),
+                 ("vllm.model_executor.models.deepseek_eagle3", "Eagle3DeepseekV2ForCausalLM.load_weights"))
 
 
 def _refuse_other_capture(layers) -> None:
@@ -216,19 +213,19 @@ def _refuse_other_capture(layers) -> None:
             "was trained on as eagle_aux_hidden_state_layer_ids at the top level of its config.json.")
 
 
-def guard_aux_capture(owner: type, name: str) -> None:
+def guard_aux_capture(module: str, attribute: str) -> None:
     """Wrap a target's capture setter: the layers a runner asks for must be those the draft's fc was sized for."""
-    original = getattr(owner, name)
-    if getattr(original, _MARK, False):
-        return
-    capture = _with_fault_injection(original)
 
-    def set_layers(self, layers) -> None:
-        _refuse_other_capture(layers)
-        capture(self, layers)
+    def make(original):
+        capture = _with_fault_injection(original)
 
-    setattr(set_layers, _MARK, True)
-    setattr(owner, name, set_layers)
+        def set_layers(self, layers) -> None:
+            _refuse_other_capture(layers)
+            capture(self, layers)
+
+        return set_layers
+
+    surface.wrap(module, attribute, make)
 
 
 def _with_fault_injection(set_layers):
@@ -293,14 +290,11 @@ def check_first_step_width(draft_model, ids: tuple[int, ...], target_hidden: int
 
 def install() -> bool:
     """Install every draft guard (vLLM 0.32, both model runners)."""
-    if not compat.supported("draft guards"):
+    if not compat.supported():
         return False
-    from vllm.model_executor.models.deepseek_eagle3 import Eagle3DeepseekV2ForCausalLM
-    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
-
     guard_speculative_config()
-    guard_weight_loading(Eagle3LlamaForCausalLM)
-    guard_weight_loading(Eagle3DeepseekV2ForCausalLM)  # the MLA draft class: its load_weights returns nothing
-    for module, owner, name in CAPTURE_SETTERS:
-        guard_aux_capture(getattr(importlib.import_module(module), owner), name)
+    for module, attribute in DRAFT_CLASSES:  # the MLA draft class's load_weights returns nothing either
+        guard_weight_loading(module, attribute)
+    for module, attribute in CAPTURE_SETTERS:
+        guard_aux_capture(module, attribute)
     return True

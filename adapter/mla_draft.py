@@ -13,10 +13,9 @@ lightseekorg/kimi-k2.5-eagle3-mla) as it is on disk.
 
 from __future__ import annotations
 
-import functools
 import logging
 
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 from kimi_eagle.adapter.checks.layout import MLA_DRAFT_ARCHITECTURES
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
@@ -28,23 +27,18 @@ def is_eagle3_architecture(name: str) -> bool:
 
 
 def keep_eagle3_configs_apart_from_mtp() -> None:
-    from vllm.config.speculative import SpeculativeConfig
+    def make(original):
+        def hf_config_override(hf_config):
+            architectures = getattr(hf_config, "architectures", None) or [""]
+            if is_eagle3_architecture(architectures[0]):
+                return hf_config
+            return original(hf_config)
 
-    original = SpeculativeConfig.hf_config_override
-    if getattr(original, "_kimi_eagle", False):
-        return
+        return hf_config_override
 
-    # functools.wraps keeps the qualified name, so the draft ModelConfig that holds this override still pickles
-    # into the engine process by reference.
-    @functools.wraps(original)
-    def hf_config_override(hf_config):
-        architectures = getattr(hf_config, "architectures", None) or [""]
-        if is_eagle3_architecture(architectures[0]):
-            return hf_config
-        return original(hf_config)
-
-    hf_config_override._kimi_eagle = True
-    SpeculativeConfig.hf_config_override = staticmethod(hf_config_override)
+    # `surface.wrap` keeps the qualified name, so the draft ModelConfig that holds this override still pickles into
+    # the engine process by reference.
+    surface.wrap("vllm.config.speculative", "SpeculativeConfig.hf_config_override", make)
 
 
 def is_mla_draft(speculative_config) -> bool:
@@ -54,29 +48,27 @@ def is_mla_draft(speculative_config) -> bool:
 
 def give_mla_drafts_the_targets_backend_on_cpu() -> None:
     from vllm.platforms import current_platform
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     if not current_platform.is_cpu():
         return
-    original = SpecDecodeBaseProposer._create_draft_vllm_config
-    if getattr(original, "_kimi_eagle", False):
-        return
 
-    def _create_draft_vllm_config(self):
-        spec = self.speculative_config
-        target_backend = self.vllm_config.attention_config.backend
-        if spec.attention_backend is None and target_backend is not None and is_mla_draft(spec):
-            spec.attention_backend = target_backend
-            logger.info("kimi-eagle: the MLA draft uses the target's attention backend %s (vLLM would pick its "
-                        "own here)", target_backend.name)
-        return original(self)
+    def make(original):
+        def _create_draft_vllm_config(self):
+            spec = self.speculative_config
+            target_backend = self.vllm_config.attention_config.backend
+            if spec.attention_backend is None and target_backend is not None and is_mla_draft(spec):
+                spec.attention_backend = target_backend
+                logger.info("kimi-eagle: the MLA draft uses the target's attention backend %s (vLLM would pick its "
+                            "own here)", target_backend.name)
+            return original(self)
 
-    _create_draft_vllm_config._kimi_eagle = True
-    SpecDecodeBaseProposer._create_draft_vllm_config = _create_draft_vllm_config
+        return _create_draft_vllm_config
+
+    surface.wrap("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._create_draft_vllm_config", make)
 
 
 def install() -> bool:
-    if not compat.supported("MLA draft fixes"):
+    if not compat.supported():
         return False
     keep_eagle3_configs_apart_from_mtp()
     give_mla_drafts_the_targets_backend_on_cpu()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 
 _T = TypeVar("_T")
 
@@ -27,9 +27,8 @@ def install() -> bool:
     """On a CPU, inspect model classes in the calling process; True when installed."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or not compat.supported("in-process model inspection"):
+    if not current_platform.is_cpu() or not compat.supported():
         return False
-    from vllm.model_executor.models import registry
-
-    registry._run_in_subprocess = _in_this_process  # `inspect_model_cls` looks it up in the module at each call
+    # `inspect_model_cls` looks it up in the module at each call.
+    surface.wrap("vllm.model_executor.models.registry", "_run_in_subprocess", lambda _: _in_this_process)
     return True

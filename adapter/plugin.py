@@ -20,6 +20,11 @@ def register() -> None:
     from kimi_eagle.processes import freeze_what_is_loaded
 
     freeze_what_is_loaded()  # first: vLLM has imported its modules, and loads plugins before any model
+    from kimi_eagle.adapter import compat
+
+    if not compat.supported():
+        compat.log_unsupported()  # one ERROR, and nothing patched: code that moved is not patched blind
+        return
     from kimi_eagle.adapter import (
         compile_cache,
         cpu_fixes,
@@ -42,3 +47,6 @@ def register() -> None:
 
         draft_guard.install()
         acceptance_alarm.install()
+    from kimi_eagle.adapter import surface
+
+    surface.logger.info("kimi-eagle: vLLM %s: %s", compat.vllm_version(), surface.installed_summary())

@@ -17,11 +17,9 @@ elsewhere the refusal stays and says that `--no-draft` serves the parameter.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from kimi_eagle.adapter import compat
+from kimi_eagle.adapter import compat, surface
 
 NO_DRAFT_HINT = ("this server speculates with a draft, and this vLLM cannot apply {names} exactly under speculation; "
                  "`kimi-eagle serve PROFILE --no-draft` serves the target alone, which applies {them}")
@@ -33,7 +31,7 @@ def applies_here() -> bool:
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
-    return (current_platform.is_cpu() and compat.vllm_version() in compat.SUPPORTED_VLLM_VERSIONS
+    return (current_platform.is_cpu() and compat.supported()
             and not HAS_TRITON and envs.VLLM_USE_V2_MODEL_RUNNER is not True)
 
 
@@ -85,7 +83,6 @@ def filter_min_p(logits: torch.Tensor, min_p: torch.Tensor, temperature: torch.T
 
 
 def _build_logitsprocs(upstream):
-    @functools.wraps(upstream)
     def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
         if vllm_config.speculative_config is None or is_pooling_model or custom_logitsprocs:
             return upstream(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
@@ -93,14 +90,12 @@ def _build_logitsprocs(upstream):
 
         return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS)
 
-    build_logitsprocs._kimi_eagle = True
     return build_logitsprocs
 
 
 def _apply_logits_processors(upstream):
     from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor, MinPLogitsProcessor
 
-    @functools.wraps(upstream)
     def apply_logits_processors(self, logits, sampling_metadata, metadata):
         bias = _builtin_processor(sampling_metadata, LogitBiasLogitsProcessor)
         if bias is not None and bias.biases:
@@ -111,12 +106,10 @@ def _apply_logits_processors(upstream):
             filter_min_p(logits, min_p.min_p, sampling_metadata.temperature, metadata.num_draft_tokens)
         return logits
 
-    apply_logits_processors._kimi_eagle = True
     return apply_logits_processors
 
 
 def _validate_spec_decode(upstream, lifted: bool):
-    @functools.wraps(upstream)
     def validate_spec_decode(self, speculative_config) -> None:
         if lifted:
             return
@@ -131,27 +124,20 @@ def _validate_spec_decode(upstream, lifted: bool):
                                                                   them="them" if len(names) > 1 else "it"),
                 parameter=names[0] if names else None) from None
 
-    validate_spec_decode._kimi_eagle = True
     return validate_spec_decode
 
 
 def install() -> bool:
     """Every process: the API server validates requests, the worker samples. Returns whether the parameters are
     served under speculation here (otherwise they are refused with the `--no-draft` hint)."""
-    if not compat.supported("logit_bias and min_p under speculation"):
+    if not compat.supported():
         return False
-    from vllm.sampling_params import SamplingParams
-
     lifted = applies_here()
-    if not getattr(SamplingParams._validate_spec_decode, "_kimi_eagle", False):
-        SamplingParams._validate_spec_decode = _validate_spec_decode(SamplingParams._validate_spec_decode, lifted)
+    surface.wrap("vllm.sampling_params", "SamplingParams._validate_spec_decode",
+                 lambda upstream: _validate_spec_decode(upstream, lifted))
     if not lifted:
         return False
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
-    from vllm.v1.worker import gpu_model_runner
-
-    if not getattr(gpu_model_runner.build_logitsprocs, "_kimi_eagle", False):
-        gpu_model_runner.build_logitsprocs = _build_logitsprocs(gpu_model_runner.build_logitsprocs)
-    if not getattr(RejectionSampler.apply_logits_processors, "_kimi_eagle", False):
-        RejectionSampler.apply_logits_processors = _apply_logits_processors(RejectionSampler.apply_logits_processors)
+    surface.wrap("vllm.v1.worker.gpu_model_runner", "build_logitsprocs", _build_logitsprocs)
+    surface.wrap("vllm.v1.sample.rejection_sampler", "RejectionSampler.apply_logits_processors",
+                 _apply_logits_processors)
     return True

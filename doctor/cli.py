@@ -116,11 +116,13 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def model_runner_report() -> dict:
     """`--json`'s `model_runner`: the runner vLLM picks here, and each guard's reach on each runner."""
-    from kimi_eagle.adapter.runners import GUARDS, runner_here
+    from kimi_eagle.adapter.runners import runner_here
+    from kimi_eagle.adapter.surface import FEATURES, hooks
 
     runner, why = runner_here()
     return {"here": runner, "why": why,
-            "guards": [{"name": g.name, "hook": g.hook, "V1": g.v1, "V2": g.v2} for g in GUARDS]}
+            "guards": [{"key": f.key, "name": f.name, "hooks": [t.key for t in hooks(f)], "V1": f.v1, "V2": f.v2}
+                       for f in FEATURES]}
 
 
 def run_probes(args: argparse.Namespace,

@@ -89,15 +89,16 @@ def trained_table(diagnosis: Diagnosis) -> Table:
 
 def runner_table() -> Table:
     """Which of vLLM's model runners serves an EAGLE-3 draft here, and guard by guard what acts on each."""
-    from kimi_eagle.adapter.runners import GUARDS, runner_here
+    from kimi_eagle.adapter.runners import runner_here
+    from kimi_eagle.adapter.surface import FEATURES
 
     runner, why = runner_here()
     table = Table(title=f"vLLM's Model Runner {runner} serves EAGLE-3 here ({why}): the guards on each runner",
                   title_justify="left")
     for column in ("guard or fix", "Model Runner V1", "Model Runner V2"):
         table.add_column(column)
-    for guard in GUARDS:
-        table.add_row(escape(guard.name), *(escape(guard.on(r)) for r in ("V1", "V2")))
+    for feature in FEATURES:
+        table.add_row(escape(feature.name), *(escape(feature.on(r)) for r in ("V1", "V2")))
     return table
 
 

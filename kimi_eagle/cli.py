@@ -8,7 +8,8 @@ import sys
 from kimi_eagle.processes import collect_garbage_less_often
 
 SUBCOMMAND_MODULES = ("kimi_eagle.serve.cli", "kimi_eagle.doctor.cli", "kimi_eagle.loadtest.cli",
-                      "kimi_eagle.serve.sglang_cli", "kimi_eagle.serve.sizing_cli", "kimi_eagle.bench.cli")
+                      "kimi_eagle.serve.sglang_cli", "kimi_eagle.serve.sizing_cli", "kimi_eagle.bench.cli",
+                      "kimi_eagle.vllm_surface")
 # Options whose value is an opaque secret: a generated key starts with '-' one time in 32 (token_urlsafe), and
 # argparse would take `--api-key -x...` for a missing value followed by an unknown flag.
 SECRET_VALUE_OPTIONS = ("--api-key",)

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from kimi_eagle.adapter import compat
+from kimi_eagle.adapter.compat import UNGUARDED_FLAG
 from kimi_eagle.cli import fail
 from kimi_eagle.cpu_kernels import kernel_report
 from kimi_eagle.serve.command import CommandError, ServeCommand, build_command
@@ -42,6 +44,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the vLLM command, validated by vLLM's parser, and exit")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health (default 600)")
+    p.add_argument(UNGUARDED_FLAG, action="store_true",
+                   help="serve a draft on a vLLM release kimi-eagle's guards were not written for, with every guard "
+                        "and fix off (refused without it)")
     p.set_defaults(handler=run_serve)
 
 
@@ -62,6 +67,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if machine:
         named = flag_value(command.argv, "--attention-backend")
         print(f"kimi-eagle serve: {machine.line(named)}", file=sys.stderr, flush=True)
+
+    print(f"kimi-eagle serve: {guards_line()}", file=sys.stderr, flush=True)
+    if command.draft and not compat.supported():
+        if not args.unguarded:
+            return fail("serve", f"{compat.unsupported_reason()}. With this draft its guards would be off, and the "
+                                 "silent failures they refuse (aux layers the draft was not trained on, unfilled "
+                                 "draft parameters, a collapsed acceptance) would go unnoticed: nothing was "
+                                 f"started. Install a supported vLLM (`make setup`), or serve unguarded anyway with "
+                                 f"{UNGUARDED_FLAG}.")
+        print(f"kimi-eagle serve: {UNGUARDED_FLAG}: serving the draft with every guard and fix off",
+              file=sys.stderr, flush=True)
 
     # The files first: seconds, and nothing is started when they are wrong.
     if not preflight(command):
@@ -85,6 +101,21 @@ def run_serve(args: argparse.Namespace) -> int:
                                    check_while_starting=lambda: vllm_refusal(command), started_at=started_at)
     except ServerStartError as exc:
         return fail("serve", str(exc))
+
+
+def guards_line() -> str:
+    """The installed vLLM, the runner it serves EAGLE-3 with here, and how many of the plugin's guards act on it."""
+    from kimi_eagle.adapter.runners import runner_here
+    from kimi_eagle.adapter.surface import FEATURES
+
+    version = compat.vllm_version()
+    if not compat.supported():
+        return f"vLLM {version}: none of kimi-eagle's guards and fixes (written for " \
+               f"{', '.join(compat.SUPPORTED_VLLM_VERSIONS)})"
+    runner, why = runner_here()
+    active = sum(f.active_on(runner) for f in FEATURES)
+    return (f"vLLM {version}, Model Runner {runner} here ({why}): {active} of {len(FEATURES)} guards and fixes "
+            "active on it (`kimi-eagle doctor` shows which)")
 
 
 def vllm_refusal(command: ServeCommand) -> str | None:

@@ -54,8 +54,9 @@ class ValidationReport:
 def validate_with_vllm(command: ServeCommand, *, engine_config: bool = True) -> ValidationReport:
     """Check the command with vLLM's parser and, when `engine_config`, with its config classes: an unknown flag, a
     bad value or an impossible combination fails here (CommandError), not after minutes of loading."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    make_arg_parser, validate_parsed_serve_args = _serve_argument_checks()
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm"))
     usage = io.StringIO()  # argparse prints its whole usage (hundreds of lines) before the one line that matters
@@ -75,6 +76,16 @@ def validate_with_vllm(command: ServeCommand, *, engine_config: bool = True) -> 
     if engine_config:
         _check_engine_config(namespace, report, command.env)
     return report
+
+
+def _serve_argument_checks():
+    """vLLM's server parser and its serve-argument checks: `entrypoints/launchers/cli_args.py` in 0.32, moved to
+    `entrypoints/common/cli_args.py` in 0.33 (where `kimi-eagle serve` died with ModuleNotFoundError)."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ModuleNotFoundError:
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    return make_arg_parser, validate_parsed_serve_args
 
 
 def _check_engine_config(namespace: object, report: ValidationReport, env: dict[str, str]) -> None:

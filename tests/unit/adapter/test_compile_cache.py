@@ -87,13 +87,13 @@ def test_a_targets_key_holds_its_capture_not_its_draft() -> None:
 def test_install_wraps_the_key_and_the_cpu_loader_once() -> None:
     from vllm.compilation import caching, decorators
 
+    from kimi_eagle.adapter.surface import ORIGINAL
+
     assert compile_cache.install() and compile_cache.install()
-    assert decorators._model_hash_key.kimi_eagle_wrapped
-    assert not getattr(decorators._model_hash_key.upstream, "kimi_eagle_wrapped", False)  # wrapped once
-    assert caching.aot_compile_hash_factors.kimi_eagle_wrapped
-    assert not getattr(caching.aot_compile_hash_factors.upstream, "kimi_eagle_wrapped", False)
-    assert torch.compiler.load_compiled_function.kimi_eagle_wrapped
-    assert decorators._try_load_aot_compiled_fn.kimi_eagle_wrapped
+    for wrapped in (decorators._model_hash_key, caching.aot_compile_hash_factors,
+                    torch.compiler.load_compiled_function, decorators._try_load_aot_compiled_fn):
+        assert hasattr(wrapped, ORIGINAL)
+        assert not hasattr(getattr(wrapped, ORIGINAL), ORIGINAL)  # wrapped once
 
 
 def _new_key(root, key: str):

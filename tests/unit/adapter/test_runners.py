@@ -1,4 +1,4 @@
-"""Which guard acts on which of vLLM's model runners: one table, installed where it says, shown where it says."""
+"""Which guard acts on which of vLLM's model runners: installed where both pass, shown where it says."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from kimi_eagle.adapter.runners import GUARDS, RUNNERS, coverage_line, model_runner, readme_table, runner_here
+from kimi_eagle.adapter.runners import model_runner, runner_here
+from kimi_eagle.adapter.surface import FEATURES, ORIGINAL, RUNNERS, coverage_line, readme_table
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from tests.helpers.cli import REPO, run_cli_here
 
@@ -31,7 +32,7 @@ def test_each_draft_guard_is_installed_where_both_runners_pass(module: str, owne
     from kimi_eagle.adapter import plugin
 
     plugin.register()
-    assert getattr(getattr(getattr(importlib.import_module(module), owner), name), "_kimi_eagle_guarded", False)
+    assert hasattr(getattr(getattr(importlib.import_module(module), owner), name), ORIGINAL)
 
 
 def test_no_draft_guard_hooks_a_runners_proposer() -> None:
@@ -41,14 +42,15 @@ def test_no_draft_guard_hooks_a_runners_proposer() -> None:
     from kimi_eagle.adapter import plugin
 
     plugin.register()
-    assert not getattr(SpecDecodeBaseProposer.load_model, "_kimi_eagle_guarded", False)
+    assert not hasattr(SpecDecodeBaseProposer.load_model, ORIGINAL)
 
 
 def test_every_guard_says_what_it_does_on_each_runner() -> None:
-    assert {g.v1 for g in GUARDS} and all(g.on(r) for g in GUARDS for r in RUNNERS)
-    off_on_v2 = [g.name for g in GUARDS if not g.active_on("V2")]
-    assert "Not on this runner: " in coverage_line("V2") and all(name in coverage_line("V2") for name in off_on_v2)
-    assert all(g.active_on("V2") for g in GUARDS if "draft" in g.hook and "load_weights" in g.hook)
+    assert all(f.on(r) for f in FEATURES for r in RUNNERS)
+    off_on_v2 = [f.key for f in FEATURES if not f.active_on("V2")]
+    assert "not on this runner: " in coverage_line("V2") and all(key in coverage_line("V2") for key in off_on_v2)
+    draft_guards = ("aux-ids", "eagle3-target", "static-checks", "sentinel", "capture", "first-step")
+    assert all(f.active_on("V2") for f in FEATURES if f.key in draft_guards)
 
 
 def test_the_runner_is_vllms_choice(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,6 +68,6 @@ def test_doctor_names_the_runner_and_each_guards_reach(capfd: pytest.CaptureFixt
     result = run_cli_here(capfd, "doctor", str(DRAFT_DIR), "--target", str(TARGET_DIR), "--json")
     report = json.loads(result.stdout)["model_runner"]
     assert report["here"] == "V1" and "Triton" in report["why"]
-    assert [g["name"] for g in report["guards"]] == [g.name for g in GUARDS]
+    assert [g["key"] for g in report["guards"]] == [f.key for f in FEATURES]
     text = run_cli_here(capfd, "doctor", str(DRAFT_DIR), "--target", str(TARGET_DIR)).stdout
     assert "vLLM's Model Runner V1 serves EAGLE-3 here" in text and "Model Runner V2" in text
