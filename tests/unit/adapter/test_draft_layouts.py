@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tests.helpers.broken_drafts as bd
+from kimi_eagle.adapter import surface
 from kimi_eagle.adapter.checks import Severity, diagnose, refusal_message, run_static_checks
 from kimi_eagle.adapter.checks.layout import draft_spec
 from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, MLA_DRAFT_DIR, TARGET_DIR
@@ -116,7 +117,7 @@ def test_vllm_would_turn_a_deepseek_v3_draft_config_into_an_mtp_head_and_the_plu
     def config(architecture: str) -> DeepseekV3Config:
         return DeepseekV3Config(architectures=[architecture], num_hidden_layers=1)
 
-    upstream = getattr(SpeculativeConfig.hf_config_override, "__wrapped__", SpeculativeConfig.hf_config_override)
+    upstream = surface.original_of(SpeculativeConfig.hf_config_override)
     assert upstream(config("Eagle3DeepseekV2ForCausalLM")).architectures == ["DeepSeekMTPModel"]
     mla_draft.keep_eagle3_configs_apart_from_mtp()
     kept = SpeculativeConfig.hf_config_override(config("Eagle3DeepseekV2ForCausalLM"))

@@ -3,13 +3,12 @@ alone's row (checked against those processors), and a request that cannot be ser
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kimi_eagle.adapter import spec_sampling
+from kimi_eagle.adapter import spec_sampling, surface
 
 
 def _min_p_processor(min_p: list[float]):
@@ -71,7 +70,7 @@ def test_refusal_names_the_parameter_and_no_draft_or_is_lifted(lifted: bool) -> 
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    upstream = inspect.unwrap(SamplingParams._validate_spec_decode)  # the plugin may be installed here
+    upstream = surface.original_of(SamplingParams._validate_spec_decode)  # the plugin may be installed here
     validate = spec_sampling._validate_spec_decode(upstream, lifted)
     params = SamplingParams(temperature=0.8, min_p=0.1)
     if lifted:
