@@ -65,6 +65,63 @@ def enable_correct_expand() -> None:
     surface.wrap("vllm.utils.cpu_triton_utils", "_expand_kernel_impl", lambda _: expand_kernel)
 
 
+PLACEHOLDER_TOKEN_ID = -1  # vllm.v1.sample.rejection_sampler.PLACEHOLDER_TOKEN_ID
+PLACEHOLDER_REACHED = "a placeholder draft token (-1) reached the CPU rejection sampler"
+_placeholder_reported = False
+
+
+def rejection_random_sample_kernel(output_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                                   draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None,
+                                   target_probs: torch.Tensor, bonus_token_ids: torch.Tensor,
+                                   recovered_token_ids: torch.Tensor, uniform_probs: torch.Tensor,
+                                   is_greedy: torch.Tensor | None, *args, **kwargs) -> None:
+    """vLLM's CPU rejection sampling at T > 0, with a placeholder draft token (-1) rejected as the Triton kernel
+    rejects it.
+
+    The C++ kernel behind `cpu_triton_utils._rejection_random_sample_kernel_impl` reads the target's probability
+    at index -1 (the previous row's last entry, or memory before the tensor) and, where that passes, emits -1 as
+    a sampled token. vLLM pads grammar-invalid drafts with -1 (`Scheduler.update_draft_token_ids_in_output`, async
+    scheduling with structured outputs). Here the kernel reads token 0 instead, and each sampled request's outputs
+    from its first placeholder on become the recovered token there, then nothing: what the Triton kernel writes."""
+    upstream = upstream_rejection_random_sample()
+    placeholders = draft_token_ids < 0
+    if not bool(placeholders.any()):
+        upstream(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
+                 recovered_token_ids, uniform_probs, is_greedy, *args, **kwargs)
+        return
+    global _placeholder_reported
+    if not _placeholder_reported:  # the tests' proof that serving on this path does not reach it reads this line
+        _placeholder_reported = True
+        logger.warning("kimi-eagle: %s at T > 0: rejected there, as vLLM's Triton kernel rejects it",
+                       PLACEHOLDER_REACHED)
+    upstream(output_token_ids, cu_num_draft_tokens, draft_token_ids.clamp(min=0), draft_probs, target_probs,
+             bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, *args, **kwargs)
+    ends = cu_num_draft_tokens.tolist()
+    for token_idx in placeholders.nonzero().flatten().tolist():
+        request = next(r for r, end in enumerate(ends) if token_idx < end)
+        if is_greedy is not None and bool(is_greedy[request]):  # the greedy kernel's row, already right
+            continue
+        pos = token_idx - (ends[request - 1] if request else 0)
+        row = output_token_ids[request]
+        if row[pos] == PLACEHOLDER_TOKEN_ID:  # stopped before it, or an earlier placeholder settled it
+            continue
+        row[pos] = recovered_token_ids[token_idx]
+        row[pos + 1:] = PLACEHOLDER_TOKEN_ID
+
+
+def upstream_rejection_random_sample():
+    """vLLM's own CPU rejection sampling at T > 0, whether or not the fix has replaced it."""
+    from vllm.utils import cpu_triton_utils
+
+    return surface.original_of(cpu_triton_utils._rejection_random_sample_kernel_impl)
+
+
+def enable_placeholder_rejection() -> None:
+    """Like `enable_correct_expand`, before the CPU platform registers its kernel overrides."""
+    surface.wrap("vllm.utils.cpu_triton_utils", "_rejection_random_sample_kernel_impl",
+                 lambda _: rejection_random_sample_kernel)
+
+
 def top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """vLLM's top-k without sorting, which takes `k.max()` and so fails on zero rows. With a draft configured vLLM
     sends every step through the rejection sampler, and a step in which no request has draft tokens (a prefill, the
@@ -107,6 +164,7 @@ def apply() -> bool:
         logger.info("kimi-eagle: %s", report.kernels())  # vLLM logs the attention backend it takes
     enable_block_size_16()
     enable_correct_expand()
+    enable_placeholder_rejection()
     if envs.fault() == "upstream-top-k":  # a real engine fault for the tests of how a fault is reported
         logger.warning("kimi-eagle: FAULT INJECTION %s=upstream-top-k: vLLM's own CPU top-k", envs.FAULT.name)
     else:

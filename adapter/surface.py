@@ -58,8 +58,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("mla-drafts", "MLA drafts load as published (not turned into MTP; on a CPU, the target's attention "
             "backend)", "yes", "yes"),
     Feature("compile-reuse", "compile reuse keyed by the capture", "yes", "yes"),
-    Feature("cpu-fixes", "CPU fixes: block size, `expand`, top-k on empty verification, MLA decode for "
-            "verification", "yes (CPU)", _CPU_ONLY),
+    Feature("cpu-fixes", "CPU fixes: block size, `expand`, placeholder drafts rejected at T > 0, top-k on empty "
+            "verification, MLA decode for verification", "yes (CPU)", _CPU_ONLY),
     Feature("cpu-layout", "the engine core on its workers' cores (CPU, `mp` executor)", "yes (CPU)", _CPU_ONLY),
     Feature("model-inspection", "model classes inspected in-process (CPU)", "yes (CPU)", _CPU_ONLY),
     Feature("serve-cli", "`kimi-eagle serve` validates with vLLM's own parser and starts vLLM's own server",
@@ -163,6 +163,11 @@ TOUCHES: tuple[Touch, ...] = (
     _patch("vllm.utils.cpu_triton_utils", "_expand_kernel_impl", "cpu-fixes",
            ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS"),
            "the CPU expand writes an int64 copy of its output (vllm-project/vllm issue 55005)"),
+    _patch("vllm.utils.cpu_triton_utils", "_rejection_random_sample_kernel_impl", "cpu-fixes",
+           ("output_token_ids", "cu_num_draft_tokens", "draft_token_ids", "draft_probs", "target_probs",
+            "bonus_token_ids", "recovered_token_ids", "uniform_probs", "is_greedy", "max_spec_len", "vocab_size",
+            "synthetic_conditional_rates", "NO_DRAFT_PROBS", "SYNTHETIC_MODE"),
+           "the CPU rejection sampler at T > 0 accepts a placeholder draft token (-1) and samples it"),
     _patch("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_only", "cpu-fixes", ("logits", "k"),
            "`k.max()` of zero rows kills the engine (top_k at T > 0, a step without drafts)"),
     _patch("vllm.v1.attention.backends.registry", "register_backend", "cpu-fixes",

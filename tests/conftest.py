@@ -53,6 +53,16 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return f"kimi-eagle: {machine.line()}" if machine else None
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """A test's `record_property("report", ...)`, in the summary: what it measured, also when it passed (xdist
+    carries a report's properties from its worker)."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "report" and report.when == "call":
+                terminalreporter.write_sep("-", report.nodeid)
+                terminalreporter.write_line(str(value))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     remove_slots()
 

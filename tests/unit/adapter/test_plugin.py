@@ -232,3 +232,50 @@ def test_top_k_on_a_verification_without_draft_tokens_masks_nothing() -> None:
     logits = torch.arange(8.0).repeat(2, 1)
     masked = apply_top_k_top_p(logits, torch.tensor([2, 8], dtype=torch.int32), None)
     assert torch.isinf(masked[0]).sum() == 6 and not torch.isinf(masked[1]).any()
+
+
+def _rejection_inputs(vocab: int = 10) -> dict:
+    """Four requests at T > 0 with two draft tokens each: 0 greedy, 1 a placeholder second (its first accepted),
+    2 a placeholder first and second, 3 no placeholder. Each target row is one-hot, so acceptance is certain."""
+    drafts = [[3, -1], [vocab - 1, -1], [-1, -1], [4, 5]]
+    targets = [[3, 6], [vocab - 1, 7], [2, 2], [4, 5]]
+    target_probs = torch.zeros(8, vocab)
+    for row, token in enumerate(t for pair in targets for t in pair):
+        target_probs[row, token] = 1.0
+    return {"output_token_ids": torch.full((4, 3), -1, dtype=torch.int32),
+            "cu_num_draft_tokens": torch.tensor([2, 4, 6, 8], dtype=torch.int32),
+            "draft_token_ids": torch.tensor([t for pair in drafts for t in pair]),
+            "draft_probs": None, "target_probs": target_probs,
+            "bonus_token_ids": torch.tensor([[9], [9], [9], [9]]),
+            "recovered_token_ids": torch.tensor([t for pair in targets for t in pair]),
+            "uniform_probs": torch.full((8,), 0.5, dtype=torch.float64),
+            "is_greedy": torch.tensor([True, False, False, False]),
+            "max_spec_len": 2, "vocab_size": vocab, "NO_DRAFT_PROBS": True}
+
+
+def test_upstream_cpu_rejection_sampler_still_samples_a_placeholder_draft() -> None:
+    """Why the fix exists: vLLM's C++ kernel reads the placeholder's probability at index -1, here the previous row's
+    last entry (1.0), accepts it and hands -1 on as a sampled token. If this starts failing, upstream checks the
+    placeholder as its Triton kernel does: drop `enable_placeholder_rejection`."""
+    from kimi_eagle.adapter import cpu_fixes
+    from kimi_eagle.cpu_kernels import load_vllm_kernels
+
+    load_vllm_kernels()
+    inputs = _rejection_inputs()
+    cpu_fixes.upstream_rejection_random_sample()(**inputs)
+    assert inputs["output_token_ids"][1].tolist() == [9, -1, 9]
+
+
+def test_a_placeholder_draft_is_rejected_and_a_vocabulary_token_recovered() -> None:
+    from kimi_eagle.adapter import cpu_fixes
+    from kimi_eagle.cpu_kernels import load_vllm_kernels
+
+    load_vllm_kernels()
+    inputs = _rejection_inputs()
+    cpu_fixes.rejection_random_sample_kernel(**inputs)
+    assert inputs["output_token_ids"].tolist() == [
+        [-1, -1, -1],  # greedy: the greedy kernel's row, left alone
+        [9, 7, -1],  # the first accepted, the placeholder rejected: the target's token there, no bonus
+        [2, -1, -1],  # rejected at once
+        [4, 5, 9],  # no placeholder: both accepted and the bonus
+    ]
