@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat, surface
+from kimi_eagle.adapter import compat, measured_k, surface
 from kimi_eagle.adapter.acceptance_alarm import AcceptanceWindow
 from kimi_eagle.adapter.runners import model_runner
 
@@ -177,6 +177,7 @@ def _zero_draft_stats(num_spec_tokens: int):
 
 _SCHEDULER = "vllm.v1.core.sched.scheduler"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
+SLOW_DRAFT_S = 0.05
 SKIP_DRAFT = "kimi_eagle_skip_draft"  # set on a SchedulerOutput (pickled with it to the worker): run no draft
 
 
@@ -194,7 +195,7 @@ def _install_scheduler() -> None:
 
     def init(self, *args, **kwargs):
         up.init(self, *args, **kwargs)
-        self._kimi_eagle_bypass = None
+        self._kimi_eagle_bypass = self._kimi_eagle_measured = self._kimi_eagle_step = None
         self._kimi_eagle_skip = self._kimi_eagle_skipped = False
         spec = self.vllm_config.speculative_config
         if spec is None or not spec.use_eagle() or self.num_spec_tokens <= 0:
@@ -217,6 +218,7 @@ def _install_scheduler() -> None:
         if envs.runtime_checks() and envs.bypass_enabled():
             self._kimi_eagle_bypass = DraftBypass(envs.alarm_window_drafts(), envs.alarm_min_rate(),
                                                   envs.bypass_retry_s())
+        self._kimi_eagle_measured = measured_k.for_scheduler(self)
 
     def add_request(self, request, *args, **kwargs):
         if self._kimi_eagle_bypass is not None:
@@ -224,11 +226,18 @@ def _install_scheduler() -> None:
         return up.add(self, request, *args, **kwargs)
 
     def schedule(self, *args, **kwargs):
-        bypass = self._kimi_eagle_bypass
+        bypass, measured = self._kimi_eagle_bypass, self._kimi_eagle_measured
         if bypass is not None:
             bypass.before_schedule()
+        # The fail-safe first (zeros while bypassed, the profile's schedule while it retries), then the measured k.
+        measuring = measured is not None and (bypass is None or bypass.state is State.DRAFTING)
+        if measuring:
+            self.dynamic_sd_lookup = measured.lookup
+        elif bypass is not None:
             self.dynamic_sd_lookup = self._kimi_eagle_lookup if bypass.drafting else self._kimi_eagle_zeros
+        started = time.perf_counter()
         output = up.schedule(self, *args, **kwargs)
+        self._kimi_eagle_step = measured_k.decode_step(output, started) if measuring else None
         self._kimi_eagle_skipped = (self._kimi_eagle_skip and output.total_num_scheduled_tokens > 0
                                     and output.num_spec_tokens_to_schedule == 0)
         if self._kimi_eagle_skipped:
@@ -245,6 +254,8 @@ def _install_scheduler() -> None:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = up.update(self, scheduler_output, model_runner_output)
+        if self._kimi_eagle_step is not None:
+            self._kimi_eagle_measured.observe_step(self._kimi_eagle_step, model_runner_output, time.perf_counter())
         bypass = self._kimi_eagle_bypass
         if bypass is not None:
             bypass.end_step()
@@ -284,6 +295,10 @@ def _install_runner() -> None:
     import torch
 
     up = SimpleNamespace()
+    slow_draft_s = SLOW_DRAFT_S if envs.fault() == "slow-draft" else 0.0
+    if slow_draft_s:
+        logger.warning("kimi-eagle: FAULT INJECTION %s=slow-draft: each draft pass takes %g s longer",
+                       envs.FAULT.name, slow_draft_s)
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         # A skipped step with no drafts left to verify is a plain step: it runs as the target alone's (see
@@ -306,6 +321,8 @@ def _install_runner() -> None:
             # What vLLM's own k=0 returns (no draft tokens for any request), without running the draft: the step
             # after the switch, which still verifies the drafts proposed before it.
             return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
+        if slow_draft_s:  # a machine on which drafting costs, for the tests of the measured k
+            time.sleep(slow_draft_s)
         return up.propose(self, scheduler_output, *args, **kwargs)
 
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from kimi_eagle import envs
 from kimi_eagle.bench.result import Machine, run_line
 from kimi_eagle.bench.run import machine_now
 from kimi_eagle.bench.servers import measured_server
@@ -169,6 +170,7 @@ class GuideLLMBench:
     def _measure(self, config: str) -> list[Row]:
         command = build_command(self.profile, target=self.target, draft=self.draft, no_draft=config == "--no-draft",
                                 port=free_port())
+        command.env[envs.MEASURED_K.name] = "1"  # the default profile as `make serve` serves it
         log = self.files_dir / "logs" / f"{CONFIGS.index(config)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         data = {"synthetic": f"kind=synthetic_text,prompt_tokens={self.plan.synthetic_prompt_tokens},"

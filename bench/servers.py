@@ -15,6 +15,7 @@ import psutil
 import requests
 from pydantic import BaseModel, Field
 
+from kimi_eagle import envs
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.launch import ServerStartError, started, wait_healthy
 
@@ -136,7 +137,9 @@ def _first_token(url: str, model: str) -> None:
 @contextmanager
 def measured_server(command: ServeCommand, *, config: str, num_speculative_tokens: int | None, log: Path,
                     others_running: int = 0, timeout_s: float = 600) -> Iterator[LiveServer]:
-    """Start the server, time its cold start, sample its memory until it stops; always stops it."""
+    """Start the server, time its cold start, sample its memory until it stops; always stops it. A benchmark
+    measures the k it names: the engine's measured k stays off unless the caller turns it on."""
+    command.env.setdefault(envs.MEASURED_K.name, "0")
     t0 = time.perf_counter()
     with started(command, log) as process, RssSampler(process.pid) as sampler:
         wait_healthy(process, command.url, timeout_s, log, command.api_key)

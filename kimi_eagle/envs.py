@@ -32,15 +32,22 @@ BYPASS = Knob("KIMI_EAGLE_BYPASS", "1",
                "stays")
 BYPASS_RETRY_S = Knob("KIMI_EAGLE_BYPASS_RETRY_S", "300",
                       "seconds between retries of a bypassed draft (one alarm window of drafts each); 0: never retry")
+MEASURED_K = Knob("KIMI_EAGLE_MEASURED_K", "1",
+                  "0 keeps the profile's draft tokens per batch size as it is; 1 lets the engine choose k per range of "
+                  "batch sizes from what its decode steps cost (adapter/measured_k.py); `kimi-eagle bench` measures "
+                  "fixed schedules with 0")
+MEASURED_K_PROBE_SHARE = Knob("KIMI_EAGLE_MEASURED_K_PROBE_SHARE", "0.1",
+                              "the largest share of a batch-size range's decode steps spent probing another k")
 CPU_LAYOUT = Knob("KIMI_EAGLE_CPU_LAYOUT", "shared",
                   "on a CPU, `shared` runs the engine core on its workers' cores (leaving vLLM's reserved cores to "
                   "the API server); `vllm` keeps vLLM's layout, where the engine core floats")
 FAULT = Knob("KIMI_EAGLE_FAULT", "",
              "fault injection for the project's own tests: `aux-single-layer` makes the target capture one aux layer; "
-             "`upstream-top-k` leaves vLLM's CPU top-k in place (a top-k request at T > 0 then fails the engine)")
+             "`upstream-top-k` leaves vLLM's CPU top-k in place (a top-k request at T > 0 then fails the engine); "
+             "`slow-draft` adds 50 ms to each draft pass (a machine on which drafting costs)")
 
-KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, CPU_LAYOUT,
-         FAULT)
+KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, MEASURED_K,
+         MEASURED_K_PROBE_SHARE, CPU_LAYOUT, FAULT)
 
 
 def runtime_checks() -> bool:
@@ -65,6 +72,14 @@ def bypass_enabled() -> bool:
 
 def bypass_retry_s() -> float:
     return float(BYPASS_RETRY_S.get())
+
+
+def measured_k() -> bool:
+    return MEASURED_K.get() != "0"
+
+
+def measured_k_probe_share() -> float:
+    return float(MEASURED_K_PROBE_SHARE.get())
 
 
 def cpu_layout() -> str:

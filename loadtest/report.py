@@ -177,6 +177,8 @@ def acceptance_lines(s: RunSummary) -> list[str]:
              f"{_fmt(a.num_speculative_tokens)}",
              f"- {_fmt(a.num_verify_steps)} verify steps, {_fmt(a.num_draft_tokens)} draft tokens proposed, "
              f"{_fmt(a.num_accepted_tokens)} accepted",
+             f"- k in force over the run: {_k_in_force(a)} draft tokens per verify step (a kimi-eagle engine picks k "
+             "per batch-size range from its own step times: its log's `measured k` lines)",
              "- per position: " + (", ".join(f"{i}: {r:.3f}" for i, r in enumerate(a.per_position_acceptance_rate))
                                    if a.per_position_acceptance_rate else "not exposed"),
              f"- derived from: {a.source}"]
@@ -201,3 +203,9 @@ def sweep_markdown(points: list[RunSummary], folders: list[str]) -> str:
                      f" | {_fmt(p.tpot_ms.p50 if p.tpot_ms else None, 2)} | {_fmt(acc, 3)} | `{folder}` |")
     lines += ["", "![throughput vs concurrency](throughput.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _k_in_force(a) -> str:
+    if not a.num_verify_steps or a.num_draft_tokens is None:
+        return "n/a"
+    return f"{a.num_draft_tokens / a.num_verify_steps:.2f}"
