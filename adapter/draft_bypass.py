@@ -177,7 +177,7 @@ def _zero_draft_stats(num_spec_tokens: int):
 
 _SCHEDULER = "vllm.v1.core.sched.scheduler"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
-SLOW_DRAFT_S = 0.05
+SLOW_DRAFT_S = 0.015
 SKIP_DRAFT = "kimi_eagle_skip_draft"  # set on a SchedulerOutput (pickled with it to the worker): run no draft
 
 
@@ -238,24 +238,31 @@ def _install_scheduler() -> None:
         started = time.perf_counter()
         output = up.schedule(self, *args, **kwargs)
         self._kimi_eagle_step = measured_k.decode_step(output, started) if measuring else None
+        # A probe of k = 0 keeps the draft's own pass: a plain step leaves a hole in the draft's KV cache, and the
+        # requests in flight would draft from it for the rest of their lives (seen: one stream at 1.09x the target
+        # alone instead of 1.59x). The probe then times vLLM's own k = 0, a little slower than a plain step.
+        probing_plain = measuring and measured.probing_no_draft(len(output.num_scheduled_tokens))
         self._kimi_eagle_skipped = (self._kimi_eagle_skip and output.total_num_scheduled_tokens > 0
-                                    and output.num_spec_tokens_to_schedule == 0)
+                                    and output.num_spec_tokens_to_schedule == 0 and not probing_plain)
         if self._kimi_eagle_skipped:
             setattr(output, SKIP_DRAFT, True)
         return output
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
-        if self._kimi_eagle_bypass is not None and num_draft_tokens:
-            invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
-            self._kimi_eagle_bypass.count_draft(request_id, num_draft_tokens - invalid, num_accepted_tokens)
+        if num_draft_tokens and (self._kimi_eagle_bypass is not None or self._kimi_eagle_measured is not None):
+            drafted = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
+            if self._kimi_eagle_bypass is not None:
+                self._kimi_eagle_bypass.count_draft(request_id, drafted, num_accepted_tokens)
+            if self._kimi_eagle_measured is not None:
+                self._kimi_eagle_measured.count_draft(drafted, num_accepted_tokens)
         return up.count(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                               num_invalid_spec_tokens, request_id)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = up.update(self, scheduler_output, model_runner_output)
         if self._kimi_eagle_step is not None:
-            self._kimi_eagle_measured.observe_step(self._kimi_eagle_step, model_runner_output, time.perf_counter())
+            self._kimi_eagle_measured.observe_step(self._kimi_eagle_step, time.perf_counter())
         bypass = self._kimi_eagle_bypass
         if bypass is not None:
             bypass.end_step()
@@ -297,7 +304,7 @@ def _install_runner() -> None:
     up = SimpleNamespace()
     slow_draft_s = SLOW_DRAFT_S if envs.fault() == "slow-draft" else 0.0
     if slow_draft_s:
-        logger.warning("kimi-eagle: FAULT INJECTION %s=slow-draft: each draft pass takes %g s longer",
+        logger.warning("kimi-eagle: FAULT INJECTION %s=slow-draft: each draft token takes %g s longer",
                        envs.FAULT.name, slow_draft_s)
 
     def execute_model(self, scheduler_output, *args, **kwargs):
@@ -321,8 +328,8 @@ def _install_runner() -> None:
             # What vLLM's own k=0 returns (no draft tokens for any request), without running the draft: the step
             # after the switch, which still verifies the drafts proposed before it.
             return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
-        if slow_draft_s:  # a machine on which drafting costs, for the tests of the measured k
-            time.sleep(slow_draft_s)
+        if slow_draft_s:  # a machine on which each draft token costs, for the tests of the measured k
+            time.sleep(slow_draft_s * scheduler_output.num_spec_tokens_to_schedule)
         return up.propose(self, scheduler_output, *args, **kwargs)
 
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions) -> None:

@@ -2,12 +2,23 @@
 
 A profile's `num_speculative_tokens_per_batch_size` was measured on one machine; on another the same k can cost (an
 AVX2-only EPYC ran the default profile's k = 4 at 4 streams at 0.78-0.86x the target alone, BENCHMARKS.md). Inside
-vLLM's scheduler, where both model runners pass, this measures each decode step (its wall time from `schedule` to
-the end of `update_from_output`, and the tokens it produced) and keeps, per range of batch sizes (1, 2, 3-4, 5-8,
-...), a sliding window of tokens per second for each k. The profile's k holds a range until a probe of another k,
-a few consecutive steps at a bounded share of the range's steps, measures it faster by more than the hysteresis;
-k = 0 is the target alone's rate (on Model Runner V1 a step without drafts runs as a plain step: `draft_bypass`).
-A range that has seen too few steps keeps the profile's k and the periodic summary says so.
+vLLM's scheduler, where both model runners pass, this measures two things and multiplies them, per range of batch
+sizes (1, 2, 3-4, 5-8, ...):
+
+- what a step costs at another k, relative to the k in force: a probe runs a few consecutive decode steps at it, and
+  their time per request (from `schedule` to the end of `update_from_output`) is divided by that of the steps just
+  before it, at the k in force. Paired so, a ratio is free of what changes between one probe and the next (the
+  batch, other load on the machine); a first version that compared windows of each k's own steps flapped between
+  k = 2 and 4 every few seconds on one stream;
+- what a draft yields: over the last drafts of every request, the share whose first j tokens were all accepted
+  (vLLM's own per-request counts), j = 1..k, pooled over the ranges: a property of the draft and the prompts.
+
+k's tokens per second over the k in force's is then (1 + its shares) / (1 + the in-force k's shares) over the time
+ratio; k = 0 is the target alone (on Model Runner V1 a step without drafts runs as a plain step, `draft_bypass`,
+except in a probe: there vLLM's own k = 0 keeps the draft's KV cache whole, and the probe's estimate errs slow). The
+profile's k holds a range until, over at least three probes, another k beats it by more than the hysteresis even at
+the low end of two standard errors; probes take at most a set share of the range's steps. A range that has seen
+too few probes keeps the profile's k, and the periodic summary says so.
 
 The choice is written where vLLM reads it each step, `Scheduler.dynamic_sd_lookup` (batch size -> k); the draft
 fail-safe, when it has bypassed the draft, puts zeros there instead and this waits.
@@ -16,19 +27,22 @@ fail-safe, when it has bypassed the draft, puts zeros there instead and this wai
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kimi_eagle import envs
 
 logger = logging.getLogger("vllm.kimi_eagle")
 
-WINDOW_STEPS = 48  # steps per k in a range's window: old enough measurements leave it
-MIN_STEPS = 12  # steps of a k before its rate counts
-PROBE_STEPS = 12  # consecutive steps of a probe (the first after a change of k is not counted: it verifies the old k)
-HYSTERESIS = 0.04  # a probed k replaces the one in force only when faster by more than this
+PAIRED_PROBES = 8  # the last probes of a k that count
+MIN_PROBES = 3  # probes of a k before it can replace the one in force
+ACCEPTANCE_WINDOW = 2048  # drafts per position in the acceptance window
+MIN_DRAFTS = 64  # drafts that reached a position before its share counts
+PROBE_STEPS = 12  # consecutive steps of a probe (the first after a change of k verifies the old k: not timed)
+HYSTERESIS = 0.03  # another k replaces the one in force only when surely faster by more than this
 SUMMARY_EVERY_S = 60.0
 
 
@@ -49,38 +63,51 @@ def candidate_ks(num_speculative_tokens: int) -> list[int]:
     return sorted(k for k in ks if k <= num_speculative_tokens)
 
 
-@dataclass
-class Rate:
-    """Tokens per second of one k in one range, over its last `WINDOW_STEPS` steps."""
+class Acceptance:
+    """Per draft position j, whether the first j draft tokens were all accepted, over the last drafts that reached
+    it: the expected tokens of a request's step at k is 1 plus the shares up to k."""
 
-    steps: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS))
+    def __init__(self, max_k: int) -> None:
+        self.hits = [deque(maxlen=ACCEPTANCE_WINDOW) for _ in range(max_k)]
 
-    def add(self, tokens: int, seconds: float) -> None:
-        self.steps.append((tokens, seconds))
+    def add(self, drafted: int, accepted: int) -> None:
+        for j in range(min(drafted, len(self.hits))):
+            self.hits[j].append(accepted > j)
 
-    @property
-    def count(self) -> int:
-        return len(self.steps)
+    def expected_tokens(self, k: int) -> float | None:
+        total = 1.0
+        for window in self.hits[:k]:
+            if len(window) < MIN_DRAFTS:
+                return None
+            total += sum(window) / len(window)
+        return total
 
-    def tokens_per_s(self) -> float | None:
-        if self.count < MIN_STEPS:
-            return None
-        seconds = sum(s for _, s in self.steps)
-        return sum(t for t, _ in self.steps) / seconds if seconds > 0 else None
+
+def seconds_per_request(steps) -> float:
+    return sum(s for _, s in steps) / sum(b for b, _ in steps)
 
 
 class RangeChoice:
-    """k for one range of batch sizes: the one in force, and the probes that may replace it."""
+    """k for one range of batch sizes: the one in force, and the probes that may replace it.
 
-    def __init__(self, low: int, high: int, ks: list[int], configured: int, probe_share: float) -> None:
+    Each probe is paired with the steps at the k in force just before it (the same requests, at most a few steps
+    apart): the ratio of their times per request is free of what changed on the machine and in the batch between one
+    probe and the next. A k replaces the one in force when, over its last probes, its expected tokens over its time
+    ratio beat the k in force by more than the hysteresis even at the low end of two standard errors."""
+
+    def __init__(self, low: int, high: int, ks: list[int], configured: int, probe_share: float,
+                 acceptance: Acceptance) -> None:
         self.low, self.high = low, high
         self.ks = ks
         self.configured = configured
         self.in_force = configured
-        self.rates = {k: Rate() for k in ks}
+        self.acceptance = acceptance
         self.probe_share = probe_share
+        self.recent: deque = deque(maxlen=PROBE_STEPS)  # (batch size, seconds) of the k in force's last steps
+        self.paired: dict[int, deque] = {k: deque(maxlen=PAIRED_PROBES) for k in ks}  # log time ratios
         self.probing: int | None = None
-        self.probe_left = 0
+        self.probe_steps: list[tuple[int, float]] = []
+        self.baseline = 0.0
         self.steps = self.probe_total = 0
         self._next = 0  # round robin over the other ks
 
@@ -91,48 +118,74 @@ class RangeChoice:
     def k(self) -> int:
         return self.in_force if self.probing is None else self.probing
 
-    def observe(self, k: int, tokens: int, seconds: float) -> str | None:
+    def observe(self, k: int, batch_size: int, seconds: float) -> str | None:
         """One decode step that verified k draft tokens per request and scheduled k again. Returns a log line when
         the k in force changed."""
-        if k not in self.rates:
+        if k != self.k():
             return None
-        self.rates[k].add(tokens, seconds)
         self.steps += 1
-        if self.probing is not None:
-            self.probe_total += 1
-            self.probe_left -= 1
-            if self.probe_left <= 0:
-                return self._end_probe()
-        elif self.probe_total + PROBE_STEPS <= self.probe_share * (self.steps + PROBE_STEPS):
-            self._start_probe()
-        return None
+        if self.probing is None:
+            self.recent.append((batch_size, seconds))
+            if (len(self.recent) == PROBE_STEPS
+                    and self.probe_total + PROBE_STEPS <= self.probe_share * (self.steps + PROBE_STEPS)):
+                self._start_probe()
+            return None
+        self.probe_total += 1
+        self.probe_steps.append((batch_size, seconds))
+        if len(self.probe_steps) < PROBE_STEPS:
+            return None
+        probed, self.probing = self.probing, None
+        self.paired[probed].append(math.log(seconds_per_request(self.probe_steps) / self.baseline))
+        self.recent.clear()  # the next probe's baseline comes after this one
+        return self._choose()
 
     def _start_probe(self) -> None:
         others = [k for k in self.ks if k != self.in_force]
         if not others:
             return
-        # The least measured first, then round robin, so every k's window stays fresh.
-        others.sort(key=lambda k: (self.rates[k].count >= MIN_STEPS, (k - self._next) % (max(self.ks) + 1)))
+        others.sort(key=lambda k: (len(self.paired[k]) >= MIN_PROBES, (k - self._next) % (max(self.ks) + 1)))
         self.probing = others[0]
         self._next = self.probing + 1
-        self.probe_left = PROBE_STEPS
+        self.baseline = seconds_per_request(self.recent)
+        self.probe_steps = []
 
-    def _end_probe(self) -> str | None:
-        probed, self.probing = self.probing, None
-        now, challenger = self.rates[self.in_force].tokens_per_s(), self.rates[probed].tokens_per_s()
-        if now is None or challenger is None or challenger <= now * (1 + HYSTERESIS):
+    def gain(self, k: int) -> tuple[float, float] | None:
+        """(estimate, low end) of k's tokens per second over the k in force's, or None before enough probes."""
+        if k == self.in_force:
+            return 1.0, 1.0
+        ratios, mine, now = self.paired[k], self.acceptance.expected_tokens(k), self.acceptance.expected_tokens(
+            self.in_force)
+        if len(ratios) < MIN_PROBES or mine is None or now is None:
             return None
-        before, self.in_force = self.in_force, probed
-        return (f"kimi-eagle: measured k: {self.name} in flight: k {before} -> {probed} ({challenger:.0f} tokens/s "
-                f"at k={probed} against {now:.0f} at k={before}, over the last {self.rates[probed].count} and "
-                f"{self.rates[before].count} decode steps; {self.summary()})")
+        mean = sum(ratios) / len(ratios)
+        spread = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios))
+        return mine / now / math.exp(mean), mine / now / math.exp(mean + 2 * spread)
 
-    def summary(self) -> str:
-        rates = ", ".join(f"k={k} {r:.0f}" if (r := self.rates[k].tokens_per_s()) is not None
-                          else f"k={k} ({self.rates[k].count} steps)" for k in self.ks)
-        if self.rates[self.in_force].tokens_per_s() is None and self.in_force == self.configured:
-            return f"{self.name}: k={self.in_force}, the profile's (too few steps measured: {rates})"
-        return f"{self.name}: k={self.in_force} (tokens/s {rates})"
+    def _choose(self) -> str | None:
+        gains = {k: g for k in self.ks if k != self.in_force and (g := self.gain(k)) is not None}
+        if not gains:
+            return None
+        best = max(gains, key=lambda k: gains[k][1])
+        if gains[best][1] <= 1 + HYSTERESIS:
+            return None
+        before, self.in_force = self.in_force, best
+        line = (f"kimi-eagle: measured k: {self.name} in flight: k {before} -> {best} ({gains[best][0]:.2f}x the "
+                f"tokens per second of k={before}, at least {gains[best][1]:.2f}x over {len(self.paired[best])} "
+                f"paired probes; {self.summary(gains, before)})")
+        for ratios in self.paired.values():  # measured against the k that was in force
+            ratios.clear()
+        self.recent.clear()
+        return line
+
+    def summary(self, gains: dict | None = None, reference: int | None = None) -> str:
+        reference = self.in_force if reference is None else reference
+        if gains is None:
+            gains = {k: g for k in self.ks if k != reference and (g := self.gain(k)) is not None}
+        shown = ", ".join(f"k={k} {gains[k][0]:.2f}x" if k in gains else f"k={k} ({len(self.paired[k])} probes)"
+                          for k in self.ks if k != reference)
+        if not gains and self.in_force == self.configured:
+            return f"{self.name}: k={self.in_force}, the profile's (too few probes yet: {shown})"
+        return f"{self.name}: k={self.in_force} (against k={reference}: {shown})"
 
 
 class MeasuredK:
@@ -140,7 +193,8 @@ class MeasuredK:
 
     def __init__(self, configured_lookup: list[int], max_num_seqs: int, ks: list[int], probe_share: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.ranges = [RangeChoice(low, high, ks, configured_lookup[low], probe_share)
+        self.acceptance = Acceptance(max(ks))
+        self.ranges = [RangeChoice(low, high, ks, configured_lookup[low], probe_share, self.acceptance)
                        for low, high in batch_ranges(max_num_seqs)]
         self._by_size = {size: r for r in self.ranges for size in range(r.low, r.high + 1)}
         self.lookup = list(configured_lookup)
@@ -152,22 +206,30 @@ class MeasuredK:
         for r in self.ranges:
             self.lookup[r.low: r.high + 1] = [r.k()] * (r.high - r.low + 1)
 
-    def observe(self, batch_size: int, verified_k: int, scheduled_k: int, tokens: int, seconds: float) -> None:
+    def count_draft(self, drafted: int, accepted: int) -> None:
+        """One request's verified draft (vLLM's own count, `Scheduler.make_spec_decoding_stats`)."""
+        self.acceptance.add(drafted, accepted)
+
+    def observe(self, batch_size: int, verified_k: int, scheduled_k: int, seconds: float) -> None:
         """A decode step (no prefill in it) of `batch_size` requests that verified `verified_k` draft tokens each
         and scheduled `scheduled_k` for the next: counted when both are the same k of the step's range."""
         choice = self._by_size.get(batch_size)
         if choice is None or verified_k != scheduled_k or scheduled_k != choice.k():
             return
-        if line := choice.observe(scheduled_k, tokens, seconds):
+        if line := choice.observe(scheduled_k, batch_size, seconds):
             logger.info(line)
         self._fill()
         if self.clock() - self._summarized_at >= SUMMARY_EVERY_S:
             self._summarized_at = self.clock()
             logger.info("kimi-eagle: measured k in force: %s", self.summary())
 
-    def observe_step(self, step: DecodeStep, model_runner_output, now: float) -> None:
-        tokens = sum(len(ids) for ids in model_runner_output.sampled_token_ids)
-        self.observe(step.batch_size, step.verified_k, step.scheduled_k, tokens, now - step.started)
+    def probing_no_draft(self, batch_size: int) -> bool:
+        """Whether this batch size's range is probing k = 0."""
+        choice = self._by_size.get(batch_size)
+        return choice is not None and choice.probing == 0
+
+    def observe_step(self, step: DecodeStep, now: float) -> None:
+        self.observe(step.batch_size, step.verified_k, step.scheduled_k, now - step.started)
 
     def summary(self) -> str:
         return "; ".join(r.summary() for r in self.ranges if r.steps) or "no decode step measured yet"
@@ -218,9 +280,10 @@ def for_scheduler(scheduler) -> MeasuredK | None:
         return None
     configured = list(scheduler.dynamic_sd_lookup or [k] * (max_num_seqs + 1))
     measured = MeasuredK(configured, max_num_seqs, ks, envs.measured_k_probe_share())
-    logger.info("kimi-eagle: measured k on: per range of batch sizes (%s) the engine picks k among %s from its decode "
-                "steps' tokens per second, starting from the profile's (%s); at most %.0f%% of a range's steps probe "
-                "another k; %s=0 keeps the profile's", ", ".join(r.name for r in measured.ranges), ks,
+    logger.info("kimi-eagle: measured k on: per range of batch sizes (%s) the engine picks k among %s from its "
+                "decode steps' times and its drafts' acceptance, starting from the profile's (%s); at most %.0f%% of a "
+                "range's steps probe another k; %s=0 keeps the profile's",
+                ", ".join(r.name for r in measured.ranges), ks,
                 ", ".join(f"{r.name}: {r.configured}" for r in measured.ranges),
                 100 * envs.measured_k_probe_share(), envs.MEASURED_K.name)
     return measured

@@ -36,7 +36,7 @@ MEASURED_K = Knob("KIMI_EAGLE_MEASURED_K", "1",
                   "0 keeps the profile's draft tokens per batch size as it is; 1 lets the engine choose k per range of "
                   "batch sizes from what its decode steps cost (adapter/measured_k.py); `kimi-eagle bench` measures "
                   "fixed schedules with 0")
-MEASURED_K_PROBE_SHARE = Knob("KIMI_EAGLE_MEASURED_K_PROBE_SHARE", "0.1",
+MEASURED_K_PROBE_SHARE = Knob("KIMI_EAGLE_MEASURED_K_PROBE_SHARE", "0.05",
                               "the largest share of a batch-size range's decode steps spent probing another k")
 CPU_LAYOUT = Knob("KIMI_EAGLE_CPU_LAYOUT", "shared",
                   "on a CPU, `shared` runs the engine core on its workers' cores (leaving vLLM's reserved cores to "
@@ -44,7 +44,7 @@ CPU_LAYOUT = Knob("KIMI_EAGLE_CPU_LAYOUT", "shared",
 FAULT = Knob("KIMI_EAGLE_FAULT", "",
              "fault injection for the project's own tests: `aux-single-layer` makes the target capture one aux layer; "
              "`upstream-top-k` leaves vLLM's CPU top-k in place (a top-k request at T > 0 then fails the engine); "
-             "`slow-draft` adds 50 ms to each draft pass (a machine on which drafting costs)")
+             "`slow-draft` adds 15 ms per draft token to each draft pass (a machine on which drafting costs)")
 
 KNOBS = (RUNTIME_CHECKS, STATIC_CHECKS, ALARM_WINDOW_DRAFTS, ALARM_MIN_RATE, BYPASS, BYPASS_RETRY_S, MEASURED_K,
          MEASURED_K_PROBE_SHARE, CPU_LAYOUT, FAULT)
