@@ -28,8 +28,8 @@ import torch
 
 from kimi_eagle import envs
 from kimi_eagle.adapter import compat, surface
-from kimi_eagle.adapter.checks.layout import DraftConfigError, default_aux_ids, layer_ids
 from kimi_eagle.adapter.runners import model_runner
+from kimi_eagle.checks.layout import DraftConfigError, default_aux_ids, layer_ids
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 
@@ -125,8 +125,8 @@ def run_static_checks(speculative_config) -> None:
     if not envs.static_checks():
         logger.warning("kimi-eagle: %s=0: static draft checks skipped", envs.STATIC_CHECKS.name)
         return
-    from kimi_eagle.adapter.checks import Severity, refusal_message
-    from kimi_eagle.adapter.checks import run_static_checks as static_checks
+    from kimi_eagle.checks import Severity, refusal_message
+    from kimi_eagle.checks import run_static_checks as static_checks
 
     draft_dir = Path(speculative_config.model or "")
     target_dir = Path(speculative_config.target_model_config.model or "")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from kimi_eagle.adapter import compat, surface
-from kimi_eagle.adapter.checks.layout import MLA_DRAFT_ARCHITECTURES
+from kimi_eagle.checks.layout import MLA_DRAFT_ARCHITECTURES
 
 logger = logging.getLogger("vllm.kimi_eagle")  # under "vllm": its handlers and format
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kimi_eagle.adapter.checks import Finding
+    from kimi_eagle.checks import Finding
     from kimi_eagle.doctor.engine_probe import EngineProbe
     from kimi_eagle.doctor.probe import ProbeResult
 
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kimi_eagle.adapter.checks import diagnose
+    from kimi_eagle.checks import diagnose
     from kimi_eagle.cpu_kernels import kernel_report
     from kimi_eagle.doctor.report import exit_code, print_report
 
@@ -130,7 +130,7 @@ def run_probes(args: argparse.Namespace,
     """Step-0 agreement (None when the target does not fit here), then the acceptance through vLLM (None with
     --agreement-only), and a finding for a skipped step-0. Each part that cannot run on this machine is skipped with
     its reason; a ProbeError is a fault of the pair or of the input."""
-    from kimi_eagle.adapter.checks import Finding, Severity
+    from kimi_eagle.checks import Finding, Severity
     from kimi_eagle.doctor.calibration import CalibrationError, calibration_prompts
     from kimi_eagle.doctor.probe import ProbeError, TargetTooBigError, probe_aux_ids
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from kimi_eagle import envs
 from kimi_eagle.acceptance import Acceptance
-from kimi_eagle.adapter.checks import Finding, Severity
+from kimi_eagle.checks import Finding, Severity
 from kimi_eagle.doctor.probe import ProbeError
 from kimi_eagle.processes import free_port, sigterm_as_keyboard_interrupt
 

@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kimi_eagle.adapter.checks import Finding, Severity
-from kimi_eagle.adapter.checks.checkpoint import CheckpointError, open_checkpoint
-from kimi_eagle.adapter.checks.layout import DraftConfigError, default_aux_ids, draft_spec, target_spec
+from kimi_eagle.checks import Finding, Severity
+from kimi_eagle.checks.checkpoint import CheckpointError, open_checkpoint
+from kimi_eagle.checks.layout import DraftConfigError, default_aux_ids, draft_spec, target_spec
 
 MAX_TARGET_PARAMS = 2_000_000_000  # a CPU probe in float32; the real Kimi-K2.5 is 1T
 CONTINUATION_TOKENS = 48

@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kimi_eagle.adapter.checks import Diagnosis, Finding, Severity
-from kimi_eagle.adapter.checks.engines import ENGINE_LABELS
+from kimi_eagle.checks import Diagnosis, Finding, Severity
+from kimi_eagle.checks.engines import ENGINE_LABELS
 from kimi_eagle.cpu_kernels import KernelReport
 
 SEVERITY_STYLE = {Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.REFUSAL: "bold red"}

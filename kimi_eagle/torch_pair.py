@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kimi_eagle.adapter.checks.checkpoint import open_checkpoint
-from kimi_eagle.adapter.checks.layout import draft_spec
+from kimi_eagle.checks.checkpoint import open_checkpoint
+from kimi_eagle.checks.layout import draft_spec
 from kimi_eagle.draft_model import Eagle3Draft
 
 EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")

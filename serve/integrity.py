@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from kimi_eagle.adapter.checks.checkpoint import (
+from kimi_eagle.checks.checkpoint import (
     DTYPE_BYTES,
     FLOAT_DTYPES,
     INDEX_NAME,

@@ -100,8 +100,8 @@ def model_reference_problem(role: str, ref: str) -> str | None:
 
 def preflight(command: ServeCommand) -> bool:
     """True when the pair may be served. Prints every finding that is not OK (warnings and refusals for vLLM)."""
-    from kimi_eagle.adapter.checks import run_static_checks
-    from kimi_eagle.adapter.checks.diagnosis import check_target_alone
+    from kimi_eagle.checks import run_static_checks
+    from kimi_eagle.checks.diagnosis import check_target_alone
 
     problems = [problem for role, ref in (("target", command.target), ("draft", command.draft))
                 if ref is not None and (problem := model_reference_problem(role, ref))]
@@ -128,7 +128,7 @@ def preflight(command: ServeCommand) -> bool:
 
 def _judge(findings: list, subject: str) -> bool:
     """Print the warnings and refusals for vLLM; True when there is no refusal."""
-    from kimi_eagle.adapter.checks import Severity, refusal_message
+    from kimi_eagle.checks import Severity, refusal_message
 
     findings = [f for f in findings if f.applies_to("vllm")]
     for f in findings:

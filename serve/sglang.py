@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimi_eagle.adapter.checks.layout import (
+from kimi_eagle.checks.layout import (
     MLA_DRAFT_ARCHITECTURES,
     SGLANG_MLA_ARCHITECTURE,
     DraftConfigError,

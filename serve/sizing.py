@@ -230,7 +230,7 @@ class DraftShape(BaseModel):
     def from_config(cls, config: dict[str, Any], *, target_hidden_size: int | None = None,
                     has_own_embedding: bool = True) -> DraftShape:
         """Any layout the draft reader knows (speculators, SpecForge flat), read by it."""
-        from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec
+        from kimi_eagle.checks.layout import DraftConfigError, draft_spec
 
         try:
             spec = draft_spec(config)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi_eagle.adapter.checks.layout import draft_spec
 from kimi_eagle.bench.client import BenchClient
 from kimi_eagle.bench.startup import LOADED_MARK
+from kimi_eagle.checks.layout import draft_spec
 from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, HELDOUT_PROMPTS_FILE, MLA_DRAFT_DIR
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command

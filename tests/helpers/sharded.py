@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from kimi_eagle.adapter.checks.checkpoint import INDEX_NAME
+from kimi_eagle.checks.checkpoint import INDEX_NAME
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 

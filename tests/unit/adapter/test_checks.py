@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tests.helpers.broken_drafts as bd
-from kimi_eagle.adapter.checks import Finding, Severity, diagnose, refusal_message, run_static_checks
+from kimi_eagle.checks import Finding, Severity, diagnose, refusal_message, run_static_checks
 from tests.helpers.cli import REPO
 
 R, W, I = Severity.REFUSAL, Severity.WARNING, Severity.INFO  # noqa: E741 - severity initials
@@ -161,7 +161,7 @@ def test_refusal_message_is_empty_without_refusals(baseline: list[Finding]) -> N
 
 
 def test_importing_the_checks_imports_neither_torch_nor_vllm() -> None:
-    code = "import sys, adapter.checks; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    code = "import sys, kimi_eagle.checks; print('torch' in sys.modules, 'vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO).stdout.split()
     assert out == ["False", "False"]

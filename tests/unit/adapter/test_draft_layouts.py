@@ -12,8 +12,8 @@ import torch
 
 import tests.helpers.broken_drafts as bd
 from kimi_eagle.adapter import surface
-from kimi_eagle.adapter.checks import Severity, diagnose, refusal_message, run_static_checks
-from kimi_eagle.adapter.checks.layout import draft_spec
+from kimi_eagle.checks import Severity, diagnose, refusal_message, run_static_checks
+from kimi_eagle.checks.layout import draft_spec
 from kimi_eagle.fixtures.pair_spec import EAGLE31_DRAFT_DIR, MLA_DRAFT_DIR, TARGET_DIR
 from kimi_eagle.serve.sglang import ViewError, make_draft_view
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 import tests.helpers.broken_drafts as bd
 from kimi_eagle.acceptance import Acceptance
-from kimi_eagle.adapter.checks import Severity
+from kimi_eagle.checks import Severity
 from kimi_eagle.cli import main
 from kimi_eagle.doctor.engine_probe import EngineProbe, acceptance_table
 from kimi_eagle.doctor.probe import ProbeError, probe_aux_ids

@@ -12,8 +12,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 import tests.helpers.broken_drafts as bd
-from kimi_eagle.adapter.checks import Severity, diagnose
-from kimi_eagle.adapter.checks.checkpoint import open_checkpoint, read_header, read_order
+from kimi_eagle.checks import Severity, diagnose
+from kimi_eagle.checks.checkpoint import open_checkpoint, read_header, read_order
 from kimi_eagle.cli import main
 from tests.helpers.sharded import SHARDS, shard_with_copy
 

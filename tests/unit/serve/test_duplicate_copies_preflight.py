@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kimi_eagle.adapter.checks.checkpoint import open_checkpoint
+from kimi_eagle.checks.checkpoint import open_checkpoint
 from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.preflight import preflight

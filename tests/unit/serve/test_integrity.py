@@ -124,7 +124,7 @@ def test_damaged_weights_are_refused_by_the_preflight(tmp_path: Path, case: str,
 @pytest.mark.parametrize("case", ["draft-truncated", "draft-dtype-edited"])
 def test_doctor_checks_report_a_damaged_draft_as_a_refusal(tmp_path: Path, case: str) -> None:
     """`kimi-eagle doctor` reads d2t/t2d and every weight: a damaged file is a finding, not a SafetensorError."""
-    from kimi_eagle.adapter.checks import Severity, run_static_checks
+    from kimi_eagle.checks import Severity, run_static_checks
 
     _, damage, _ = CASES[case]
     target, draft = copy_pair(tmp_path)

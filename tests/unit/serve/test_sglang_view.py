@@ -188,7 +188,7 @@ def test_cli_refusal_is_one_clear_line(draft_copy: Path, tmp_path: Path, capsys:
 
 def test_doctor_finds_nothing_sglang_specific_in_the_view(tmp_path: Path) -> None:
     """The same draft straight from speculators gets `sglang-config-format`; the view must come out clean."""
-    from kimi_eagle.adapter.checks import run_static_checks
+    from kimi_eagle.checks import run_static_checks
 
     raw = {f.code for f in run_static_checks(DRAFT_DIR, TARGET_DIR) if f.engine == "sglang"}
     assert "sglang-config-format" in raw

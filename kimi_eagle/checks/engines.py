@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kimi_eagle.adapter.checks.layout import DraftSpec
+from kimi_eagle.checks.layout import DraftSpec
 
 Status = Literal["loaded", "consumed", "ignored", "dropped", "load-error"]
 ENGINES = ("vllm", "sglang")

@@ -17,8 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from safetensors import SafetensorError
 
-from kimi_eagle.adapter.checks.checkpoint import Checkpoint, TensorInfo, load_torch
-from kimi_eagle.adapter.checks.findings import Finding, Severity
+from kimi_eagle.checks.checkpoint import Checkpoint, TensorInfo, load_torch
+from kimi_eagle.checks.findings import Finding, Severity
 
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
 TRAINABLE_MATRIX = re.compile(
@@ -147,7 +147,7 @@ def unused_aux_inputs(checkpoint: Checkpoint, fc) -> list[Finding]:
     """fc takes the aux layers side by side (columns [i*H, (i+1)*H) for aux layer i). A block still at its random
     init, or near zero, next to trained ones is an aux input the draft never learnt from: the seed's fault (one
     layer fed where three belong) frozen into the weights. `fc` is the healthy tensor check_weights has loaded."""
-    from kimi_eagle.adapter.checks.layout import DraftConfigError, draft_spec
+    from kimi_eagle.checks.layout import DraftConfigError, draft_spec
 
     if fc.dim() != 2:
         return []

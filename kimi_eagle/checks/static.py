@@ -8,10 +8,10 @@ from collections import defaultdict
 
 from safetensors import SafetensorError
 
-from kimi_eagle.adapter.checks import engines as eng
-from kimi_eagle.adapter.checks.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, load_numpy, same_bytes
-from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
-from kimi_eagle.adapter.checks.layout import (
+from kimi_eagle.checks import engines as eng
+from kimi_eagle.checks.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, load_numpy, same_bytes
+from kimi_eagle.checks.findings import Finding, Severity, finding, listing
+from kimi_eagle.checks.layout import (
     MLA_DRAFT_ARCHITECTURES,
     MLA_MODEL_TYPES,
     SGLANG_MLA_ARCHITECTURE,

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kimi_eagle.adapter.checks.checkpoint import Checkpoint
+from kimi_eagle.checks.checkpoint import Checkpoint
 
 LAYER_NAME = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")
 

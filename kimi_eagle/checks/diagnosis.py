@@ -9,13 +9,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from kimi_eagle.adapter.checks import engines as eng
-from kimi_eagle.adapter.checks import static
-from kimi_eagle.adapter.checks.checkpoint import Checkpoint, CheckpointError, open_checkpoint
-from kimi_eagle.adapter.checks.findings import Finding, Severity, finding, listing
-from kimi_eagle.adapter.checks.layout import DraftConfigError, DraftSpec, draft_spec, target_spec
-from kimi_eagle.adapter.checks.static import Context
-from kimi_eagle.adapter.checks.weights import HealthRow, TrainedVerdict, check_weights
+from kimi_eagle.checks import engines as eng
+from kimi_eagle.checks import static
+from kimi_eagle.checks.checkpoint import Checkpoint, CheckpointError, open_checkpoint
+from kimi_eagle.checks.findings import Finding, Severity, finding, listing
+from kimi_eagle.checks.layout import DraftConfigError, DraftSpec, draft_spec, target_spec
+from kimi_eagle.checks.static import Context
+from kimi_eagle.checks.weights import HealthRow, TrainedVerdict, check_weights
 
 CHECKS = (static.check_keys, static.check_shapes, static.check_hidden, static.check_aux_ids, static.check_vocab,
           static.check_verifier, static.check_options, static.check_target)
