@@ -6,6 +6,7 @@ the plugin says so, so an upgrade re-checks instead of patching code that has mo
 
 from __future__ import annotations
 
+import bisect
 import logging
 
 import torch
@@ -98,7 +99,7 @@ def rejection_random_sample_kernel(output_token_ids: torch.Tensor, cu_num_draft_
              bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, *args, **kwargs)
     ends = cu_num_draft_tokens.tolist()
     for token_idx in placeholders.nonzero().flatten().tolist():
-        request = next(r for r, end in enumerate(ends) if token_idx < end)
+        request = bisect.bisect_right(ends, token_idx)  # ends are cumulative: the first end past the token
         if is_greedy is not None and bool(is_greedy[request]):  # the greedy kernel's row, already right
             continue
         pos = token_idx - (ends[request - 1] if request else 0)

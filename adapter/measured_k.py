@@ -63,7 +63,7 @@ def candidate_ks(num_speculative_tokens: int) -> list[int]:
     return sorted(k for k in ks if k <= num_speculative_tokens)
 
 
-class Acceptance:
+class AcceptanceByPosition:
     """Per draft position j, whether the first j draft tokens were all accepted, over the last drafts that reached
     it: the expected tokens of a request's step at k is 1 plus the shares up to k."""
 
@@ -96,7 +96,7 @@ class RangeChoice:
     ratio beat the k in force by more than the hysteresis even at the low end of two standard errors."""
 
     def __init__(self, low: int, high: int, ks: list[int], configured: int, probe_share: float,
-                 acceptance: Acceptance) -> None:
+                 acceptance: AcceptanceByPosition) -> None:
         self.low, self.high = low, high
         self.ks = ks
         self.configured = configured
@@ -193,18 +193,18 @@ class MeasuredK:
 
     def __init__(self, configured_lookup: list[int], max_num_seqs: int, ks: list[int], probe_share: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.acceptance = Acceptance(max(ks))
+        self.acceptance = AcceptanceByPosition(max(ks))
         self.ranges = [RangeChoice(low, high, ks, configured_lookup[low], probe_share, self.acceptance)
                        for low, high in batch_ranges(max_num_seqs)]
         self._by_size = {size: r for r in self.ranges for size in range(r.low, r.high + 1)}
         self.lookup = list(configured_lookup)
         self.clock = clock
         self._summarized_at = clock()
-        self._fill()
-
-    def _fill(self) -> None:
         for r in self.ranges:
-            self.lookup[r.low: r.high + 1] = [r.k()] * (r.high - r.low + 1)
+            self._fill(r)
+
+    def _fill(self, r: RangeChoice) -> None:
+        self.lookup[r.low: r.high + 1] = [r.k()] * (r.high - r.low + 1)
 
     def count_draft(self, drafted: int, accepted: int) -> None:
         """One request's verified draft (vLLM's own count, `Scheduler.make_spec_decoding_stats`)."""
@@ -218,7 +218,8 @@ class MeasuredK:
             return
         if line := choice.observe(scheduled_k, batch_size, seconds):
             logger.info(line)
-        self._fill()
+        if choice.k() != scheduled_k:  # a probe began or ended, or the k in force changed
+            self._fill(choice)
         if self.clock() - self._summarized_at >= SUMMARY_EVERY_S:
             self._summarized_at = self.clock()
             logger.info("kimi-eagle: measured k in force: %s", self.summary())
