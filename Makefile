@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kimi-eagle-installed
 PROFILE ?= tiny-cpu
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup serve test test-tools lint loadtest ab bench guidellm bench-guidellm vllm-surface clean-venv
+.PHONY: setup serve test test-real-width test-tools lint loadtest ab bench guidellm bench-guidellm vllm-surface clean-venv
 
 setup: $(STAMP)
 
@@ -39,6 +39,13 @@ TEST_WORKERS ?= 2
 test: setup test-tools
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
+# The tiny pair lifted to Kimi-K2.5's real widths (hidden 7168, vocabulary 163840, fc 21504 -> 7168), served by vLLM:
+# about 12 GB of weights built on first use under ~/.cache/kimi-eagle and about 19 GiB of memory per server, one
+# server at a time, minutes each; and doctor on Kimi-K2.5's real checkpoint layout (64 shards, a 4 GB draft): so not in
+# `make test` (pyproject.toml deselects the `real_width` marker there).
+test-real-width: setup
+	$(PY) -m pytest -m real_width tests/unit/doctor/test_real_scale.py tests/e2e/test_real_width.py $(PYTEST_ARGS)
+
 # qemu-user (Debian's package) lets one test run vLLM's kernels on an emulated AVX2-only CPU (AMD EPYC Zen 3), where
 # a kernel build imported by name is an illegal instruction: installed here as root where apt-get is; elsewhere that
 # test is skipped and says why.
@@ -59,8 +66,11 @@ loadtest: setup
 ab: setup
 	$(VENV)/bin/kimi-eagle ab $(ARGS)
 
+# `make bench MODE=tune ARGS=--quick` is `kimi-eagle bench tune --quick`; MODE=render puts the latest runs into
+# BENCHMARKS.md (`kimi-eagle bench --help` lists the modes).
+bench: MODE ?= speedup
 bench: setup
-	$(VENV)/bin/kimi-eagle bench $(ARGS)
+	$(VENV)/bin/kimi-eagle bench $(MODE) $(ARGS)
 
 # GuideLLM, the vLLM project's benchmark, as an optional peer: a virtual environment of its own, because it would
 # take click and multidict below the versions requirements/cpu.lock pins for vLLM. `make bench-guidellm` runs it beside kimi-eagle loadtest (bench/guidellm.py).
@@ -75,7 +85,7 @@ $(GUIDELLM_STAMP): requirements/guidellm.txt
 	touch $(GUIDELLM_STAMP)
 
 bench-guidellm: setup guidellm
-	KIMI_EAGLE_GUIDELLM=$(GUIDELLM_VENV)/bin/guidellm $(VENV)/bin/kimi-eagle bench --guidellm $(ARGS)
+	KIMI_EAGLE_GUIDELLM=$(GUIDELLM_VENV)/bin/guidellm $(VENV)/bin/kimi-eagle bench guidellm $(ARGS)
 
 # What of the vLLM attributes kimi-eagle touches (adapter/surface.py) a release has: `make vllm-surface VLLM=0.34.0`
 # reads its source distribution from the package index (cached, not installed) into docs/vllm-surface-VERSION.md.

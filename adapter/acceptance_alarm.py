@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from kimi_eagle import envs
-from kimi_eagle.adapter import compat, surface
+from kimi_eagle.adapter import compat, measured_k, surface
 
 logger = logging.getLogger("vllm.kimi_eagle")
 
@@ -104,13 +104,17 @@ def install() -> bool:
                      "1 while the engine serves without drafting because the draft's acceptance collapsed "
                      "(the draft fail-safe); 0 while it drafts", multiprocess_mode="max")
     watch = AcceptanceWatch(envs.alarm_window_drafts(), envs.alarm_min_rate(), collapsed, rate)
+    measured = measured_k.Gauges()
 
     # A record with no drafts is the draft fail-safe's word that the engine bypasses its draft (vLLM itself sends
-    # none for a step without drafts): it sets the gauge and is kept from vLLM's own figures.
+    # none for a step without drafts): it sets the gauge and is kept from vLLM's own figures. One that carries the
+    # measured k's report comes from an engine that drafts.
     def prometheus(original):
         def observe(self, spec_decoding_stats, engine_idx: int = 0):
+            if (reports := measured_k.read_report(spec_decoding_stats)) is not None:
+                measured.set(reports)
             if spec_decoding_stats.num_drafts == 0:
-                bypassed.set(1)
+                bypassed.set(0 if reports is not None else 1)
                 return
             bypassed.set(0)
             original(self, spec_decoding_stats, engine_idx)

@@ -16,7 +16,7 @@ Two savings besides:
 
 - With an EAGLE-3 draft, vLLM's key for the target holds the whole draft (its path, its config), though the only
   part of it in the target's graph is the capture. So each new draft folder (a retrained draft, another layout, the
-  random draft of `bench --bypass`) traced the unchanged target again: 16-20 s a start for the tiny pair on one
+  random draft of `bench bypass`) traced the unchanged target again: 16-20 s a start for the tiny pair on one
   core (the suite's SpecForge copy, EAGLE-3.1 draft and random draft, 2026-12-05), and more the larger the target.
   A target that captures aux layers is keyed here by the config without the draft, plus the layers it captures;
   the draft's own graph, and every model under another speculative method (whose configs feed more into the
@@ -108,7 +108,7 @@ def share_inductor_cache(key_dir: Path) -> bool:
         if not own.is_symlink() and own.is_dir() and not any(own.iterdir()):
             shared.mkdir(exist_ok=True)
             own.rmdir()
-            # Relative to the link's folder: with a relative VLLM_CACHE_ROOT (`bench --startup`'s default), a link
+            # Relative to the link's folder: with a relative VLLM_CACHE_ROOT (`bench startup`'s default), a link
             # to `shared` as given dangles, and vLLM's next makedirs of the path fails the start.
             own.symlink_to(os.path.relpath(shared, own.parent), target_is_directory=True)
     except OSError as exc:

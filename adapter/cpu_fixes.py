@@ -145,6 +145,30 @@ def enable_top_k_on_empty_verification() -> None:
     surface.wrap("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_only", lambda _: top_k_only)
 
 
+def pack_only_what_computes_logits(original):
+    """vLLM's CPU build packs every vocabulary embedding's weight for oneDNN matmuls and keeps the weight too
+    (`UnquantizedEmbeddingMethod.process_weights_after_loading`, `remove_weight=False`): a second copy of each
+    embedding table, which only an lm_head ever multiplies by. At Kimi-K2.5's vocabulary (163840 x 7168 in bfloat16)
+    that is 2.3 GB for the target's `embed_tokens`, and 2.3 GB more while an EAGLE-3 draft's own table waits to be
+    replaced by the target's (the draft shares it): the real-width pair (`real-width-cpu`) did not fit in 23 GiB.
+    A table used only for lookups keeps its one copy; a plain matmul stays available should anything multiply by it."""
+
+    def process_weights_after_loading(self, layer) -> None:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if isinstance(layer, ParallelLMHead):
+            original(self, layer)
+        else:
+            layer.cpu_linear = torch.nn.functional.linear
+
+    return process_weights_after_loading
+
+
+def enable_single_copy_embeddings() -> None:
+    surface.wrap("vllm.model_executor.layers.vocab_parallel_embedding",
+                 "UnquantizedEmbeddingMethod.process_weights_after_loading", pack_only_what_computes_logits)
+
+
 def verify_draft_tokens_on_the_mla_decode_kernel() -> None:
     """CPU_MLA and AMX_MLA send every verification step (1 + k tokens per request) down their prefill paths; the
     overrides (`adapter/cpu_mla_spec_decode.py`, through vLLM's backend registry) run them on the decode kernels."""
@@ -171,4 +195,5 @@ def apply() -> bool:
     else:
         enable_top_k_on_empty_verification()
     verify_draft_tokens_on_the_mla_decode_kernel()
+    enable_single_copy_embeddings()
     return True

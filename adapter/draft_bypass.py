@@ -9,15 +9,15 @@ and a lookup of zeros schedules none.
 
 A step that schedules k=0, bypassed or because a `num_speculative_tokens_per_batch_size` schedule says 0 for this
 batch size, still runs the draft's first pass over every new token in vLLM 0.32 (`llm_base_proposer.propose`
-returns after it, to keep the draft's KV cache in step): measured here, a schedule's k=0 ran at 0.76x of the target
-alone at 16 in flight (`bench --tune`), a bypassed random draft at about 0.7x on one stream. Where the runner does
-its bookkeeping synchronously (no async scheduling: every CPU engine), such a step tells the worker to skip the
-draft and the engine's round trip for its drafts altogether, and a step with no drafts left to verify runs as the
-target alone's would (no spec-decode metadata, no rejection sampler, no slot mapping or attention metadata for the
-draft's layers), so that a bypassed engine costs what `--no-draft` costs. The draft's KV cache then misses the
-tokens of those steps: a request that goes on after them drafts from a context with holes (the
-crossing load of `bench --tune` measures what that costs), and a retry judges the draft only on requests admitted
-after the retry began, whose draft KV cache is whole.
+returns after it, to keep the draft's KV cache in step), so that such a step costs more than the target alone's
+(BENCHMARKS.md: a schedule's k=0 under `kimi-eagle bench tune`, a bypassed random draft under `kimi-eagle bench
+bypass`). Where the runner does its bookkeeping synchronously (no async scheduling: every CPU engine), such a step
+tells the worker to skip the draft and the engine's round trip for its drafts altogether, and a step with no drafts
+left to verify runs as the target alone's would (no spec-decode metadata, no rejection sampler, no slot mapping or
+attention metadata for the draft's layers), so that a bypassed engine costs what `--no-draft` costs. The draft's KV
+cache then misses the tokens of those steps: a request that goes on after them drafts from a context with holes (the
+crossing load of `kimi-eagle bench tune` measures what that costs), and a retry judges the draft only on requests
+admitted after the retry began, whose draft KV cache is whole.
 
 States: drafting -> (accepted / drafted tokens over `KIMI_EAGLE_ALARM_WINDOW_DRAFTS` drafts below
 `KIMI_EAGLE_ALARM_MIN_RATE`) -> bypassed -> (every `KIMI_EAGLE_BYPASS_RETRY_S` seconds) retrying, the configured
@@ -239,8 +239,9 @@ def _install_scheduler() -> None:
         output = up.schedule(self, *args, **kwargs)
         self._kimi_eagle_step = measured_k.decode_step(output, started) if measuring else None
         # A probe of k = 0 keeps the draft's own pass: a plain step leaves a hole in the draft's KV cache, and the
-        # requests in flight would draft from it for the rest of their lives (seen: one stream at 1.09x the target
-        # alone instead of 1.59x). The probe then times vLLM's own k = 0, a little slower than a plain step.
+        # requests in flight would draft from it for the rest of their lives, at a fraction of the speed-up
+        # (BENCHMARKS.md, the engine's measured k). The probe then times vLLM's own k = 0, a little slower than a
+        # plain step.
         probing_plain = measuring and measured.probing_no_draft(len(output.num_scheduled_tokens))
         self._kimi_eagle_skipped = (self._kimi_eagle_skip and output.total_num_scheduled_tokens > 0
                                     and output.num_spec_tokens_to_schedule == 0 and not probing_plain)
@@ -263,7 +264,7 @@ def _install_scheduler() -> None:
         outputs = up.update(self, scheduler_output, model_runner_output)
         if self._kimi_eagle_step is not None:
             self._kimi_eagle_measured.observe_step(self._kimi_eagle_step, time.perf_counter())
-        bypass = self._kimi_eagle_bypass
+        bypass, measured = self._kimi_eagle_bypass, self._kimi_eagle_measured
         if bypass is not None:
             bypass.end_step()
             if bypass.report_due():
@@ -273,6 +274,15 @@ def _install_scheduler() -> None:
                     if stats is not None and stats.spec_decoding_stats is None:
                         stats.spec_decoding_stats = _zero_draft_stats(self.num_spec_tokens)
                         bypass.reported()
+        # While bypassed the measured k waits, and the API server's gauges keep its last report. The last step before
+        # the engine goes idle reports too: what a load run leaves is then on /metrics when it ends.
+        if (measured is not None and (bypass is None or bypass.state is State.DRAFTING)
+                and (measured.report_due() or not self.has_unfinished_requests())):
+            stats = next((eco.scheduler_stats for eco in outputs.values() if eco.scheduler_stats is not None), None)
+            if stats is not None:  # else the next step's stats carry it
+                if stats.spec_decoding_stats is None:
+                    stats.spec_decoding_stats = _zero_draft_stats(self.num_spec_tokens)
+                measured_k.attach_report(stats.spec_decoding_stats, measured.report())
         return outputs
 
     def post_step(self, model_executed: bool) -> None:

@@ -1,7 +1,7 @@
 """The number of draft tokens, chosen where the engine serves: per range of batch sizes, from what steps cost here.
 
-A profile's `num_speculative_tokens_per_batch_size` was measured on one machine; on another the same k can cost (an
-AVX2-only EPYC ran the default profile's k = 4 at 4 streams at 0.78-0.86x the target alone, BENCHMARKS.md). Inside
+A profile's `num_speculative_tokens_per_batch_size` was measured on one machine; on another the same k can cost
+(BENCHMARKS.md, `kimi-eagle bench guidellm`, has the figures on both kinds of machine). Inside
 vLLM's scheduler, where both model runners pass, this measures two things and multiplies them, per range of batch
 sizes (1, 2, 3-4, 5-8, ...):
 
@@ -17,15 +17,24 @@ k's tokens per second over the k in force's is then (1 + its shares) / (1 + the 
 ratio; k = 0 is the target alone (on Model Runner V1 a step without drafts runs as a plain step, `draft_bypass`,
 except in a probe: there vLLM's own k = 0 keeps the draft's KV cache whole, and the probe's estimate errs slow). The
 profile's k holds a range until, over at least three probes, another k beats it by more than the hysteresis even at
-the low end of two standard errors; probes take at most a set share of the range's steps. A range that has seen
-too few probes keeps the profile's k, and the periodic summary says so.
+the low end of two standard errors. What probes cost (the tokens per second a probe lost against the k in force,
+over its seconds; nothing for a faster k, so that where the k in force is the dear one the engine finds its way
+back fast) is kept within a set share of the range's time, and a k surely slower than the one in force counts
+SLOWER_BACKOFF times. A range that has seen too few probes keeps the profile's k, and the periodic summary
+says so.
 
 The choice is written where vLLM reads it each step, `Scheduler.dynamic_sd_lookup` (batch size -> k); the draft
 fail-safe, when it has bypassed the draft, puts zeros there instead and this waits.
+
+What it chose and why is seen in three places: the engine log (a line per change, a summary every minute), `/metrics`
+(`kimi_eagle:measured_k*` per range, `Gauges`) and `kimi-eagle loadtest`'s report, which reads those gauges. The
+engine core has no `/metrics` of its own: the API server learns the state from the stats vLLM already sends it each
+step (`attach_report` / `read_report`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -43,7 +52,16 @@ ACCEPTANCE_WINDOW = 2048  # drafts per position in the acceptance window
 MIN_DRAFTS = 64  # drafts that reached a position before its share counts
 PROBE_STEPS = 12  # consecutive steps of a probe (the first after a change of k verifies the old k: not timed)
 HYSTERESIS = 0.03  # another k replaces the one in force only when surely faster by more than this
+# A k its probes show surely slower is still probed (the load, the prompts or the machine may change), but its probes
+# count this many times against the budget: where drafting costs, probing it costs too, and that is what a probe
+# of a slow k spends.
+SLOWER_BACKOFF = 4
 SUMMARY_EVERY_S = 60.0
+REPORT_EVERY_S = 1.0  # how often the engine sends the API server its state (and at once after a change)
+# vLLM sends the engine core's stats to the API server only as `SchedulerStats`, whose fields are typed (msgspec drops
+# anything else); its spec-decoding record's `num_draft_tokens_per_pos` is read by none of vLLM's loggers. The report
+# travels appended to that list after this marker (no count is negative).
+REPORT_MARKER = -1
 
 
 def batch_ranges(max_num_seqs: int) -> list[tuple[int, int]]:
@@ -109,6 +127,8 @@ class RangeChoice:
         self.probe_steps: list[tuple[int, float]] = []
         self.baseline = 0.0
         self.steps = self.probe_total = 0
+        self.seconds = self.probe_seconds = 0.0  # of the range's measured steps, and of those in probes
+        self.probe_charge = 0.0  # probe seconds as the budget counts them (SLOWER_BACKOFF)
         self._next = 0  # round robin over the other ks
 
     @property
@@ -124,33 +144,56 @@ class RangeChoice:
         if k != self.k():
             return None
         self.steps += 1
+        self.seconds += seconds
         if self.probing is None:
             self.recent.append((batch_size, seconds))
-            if (len(self.recent) == PROBE_STEPS
-                    and self.probe_total + PROBE_STEPS <= self.probe_share * (self.steps + PROBE_STEPS)):
+            if len(self.recent) == PROBE_STEPS:
                 self._start_probe()
             return None
         self.probe_total += 1
+        self.probe_seconds += seconds
         self.probe_steps.append((batch_size, seconds))
         if len(self.probe_steps) < PROBE_STEPS:
             return None
         probed, self.probing = self.probing, None
-        self.paired[probed].append(math.log(seconds_per_request(self.probe_steps) / self.baseline))
+        ratio = seconds_per_request(self.probe_steps) / self.baseline
+        self.paired[probed].append(math.log(ratio))
+        self.probe_charge += self._cost(probed, ratio) * sum(s for _, s in self.probe_steps)
         self.recent.clear()  # the next probe's baseline comes after this one
         return self._choose()
 
+    def _cost(self, k: int, time_ratio: float) -> float:
+        """What a second of probing k cost, as a share of that second: the tokens per second it lost against the k
+        in force (none for a faster k: where the k in force is the dear one, probing is free), times
+        SLOWER_BACKOFF for a k surely slower. Before acceptance is known, the whole second."""
+        mine, now = self.acceptance.expected_tokens(k), self.acceptance.expected_tokens(self.in_force)
+        lost = 1.0 if mine is None or now is None else max(0.0, 1 - mine / now / time_ratio)
+        gain = self.gain(k, sigmas=-2)
+        return lost * (SLOWER_BACKOFF if gain is not None and gain[1] < 1 else 1.0)
+
     def _start_probe(self) -> None:
+        """Probe the next k when what probes cost so far leaves room in the budget for what this one is expected to
+        cost (from its earlier probes; a k not probed yet is tried, and its probe charged when it ends)."""
         others = [k for k in self.ks if k != self.in_force]
         if not others:
             return
         others.sort(key=lambda k: (len(self.paired[k]) >= MIN_PROBES, (k - self._next) % (max(self.ks) + 1)))
-        self.probing = others[0]
-        self._next = self.probing + 1
+        k = others[0]
+        ratios = self.paired[k]
+        expected = 0.0
+        if ratios:
+            ratio = math.exp(sum(ratios) / len(ratios))
+            expected = sum(s for _, s in self.recent) * ratio * self._cost(k, ratio)
+        if self.probe_charge + expected > self.probe_share * (self.seconds + expected):
+            return
+        self.probing = k
+        self._next = k + 1
         self.baseline = seconds_per_request(self.recent)
         self.probe_steps = []
 
-    def gain(self, k: int) -> tuple[float, float] | None:
-        """(estimate, low end) of k's tokens per second over the k in force's, or None before enough probes."""
+    def gain(self, k: int, sigmas: float = 2) -> tuple[float, float] | None:
+        """(estimate, low end) of k's tokens per second over the k in force's, or None before enough probes; the
+        low end is `sigmas` standard errors down (a negative `sigmas`: up)."""
         if k == self.in_force:
             return 1.0, 1.0
         ratios, mine, now = self.paired[k], self.acceptance.expected_tokens(k), self.acceptance.expected_tokens(
@@ -159,7 +202,7 @@ class RangeChoice:
             return None
         mean = sum(ratios) / len(ratios)
         spread = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios))
-        return mine / now / math.exp(mean), mine / now / math.exp(mean + 2 * spread)
+        return mine / now / math.exp(mean), mine / now / math.exp(mean + sigmas * spread)
 
     def _choose(self) -> str | None:
         gains = {k: g for k in self.ks if k != self.in_force and (g := self.gain(k)) is not None}
@@ -172,10 +215,22 @@ class RangeChoice:
         line = (f"kimi-eagle: measured k: {self.name} in flight: k {before} -> {best} ({gains[best][0]:.2f}x the "
                 f"tokens per second of k={before}, at least {gains[best][1]:.2f}x over {len(self.paired[best])} "
                 f"paired probes; {self.summary(gains, before)})")
-        for ratios in self.paired.values():  # measured against the k that was in force
-            ratios.clear()
+        # The probes were timed against the k that was in force: rebased on the new one (a time ratio to it is the
+        # ratio to the old one over the new one's), they keep what is known, and a k known to be slower is probed
+        # less often from the first step after the switch.
+        shift = sum(self.paired[best]) / len(self.paired[best])
+        rebased = {k: [r - shift for r in self.paired[k]] for k in self.ks if k not in (best, before)}
+        rebased[before] = [-r for r in self.paired[best]]
+        rebased[best] = []
+        for k, ratios in rebased.items():
+            self.paired[k] = deque(ratios, maxlen=PAIRED_PROBES)
         self.recent.clear()
         return line
+
+    def report(self) -> RangeReport:
+        gains = {k: g[0] for k in self.ks if k != self.in_force and (g := self.gain(k)) is not None}
+        return RangeReport(self.name, self.in_force, self.configured, self.steps,
+                           {k: len(self.paired[k]) for k in self.ks if k != self.in_force}, gains)
 
     def summary(self, gains: dict | None = None, reference: int | None = None) -> str:
         reference = self.in_force if reference is None else reference
@@ -200,6 +255,7 @@ class MeasuredK:
         self.lookup = list(configured_lookup)
         self.clock = clock
         self._summarized_at = clock()
+        self._reported_at: float | None = None
         for r in self.ranges:
             self._fill(r)
 
@@ -218,6 +274,7 @@ class MeasuredK:
             return
         if line := choice.observe(scheduled_k, batch_size, seconds):
             logger.info(line)
+            self._reported_at = None  # the API server hears of a change at once
         if choice.k() != scheduled_k:  # a probe began or ended, or the k in force changed
             self._fill(choice)
         if self.clock() - self._summarized_at >= SUMMARY_EVERY_S:
@@ -235,7 +292,92 @@ class MeasuredK:
     def summary(self) -> str:
         return "; ".join(r.summary() for r in self.ranges if r.steps) or "no decode step measured yet"
 
+    def report_due(self) -> bool:
+        return self._reported_at is None or self.clock() - self._reported_at >= REPORT_EVERY_S
 
+    def report(self) -> list[RangeReport]:
+        """Every range's state, for the API server (`attach_report`); the next is due in REPORT_EVERY_S."""
+        self._reported_at = self.clock()
+        return [r.report() for r in self.ranges]
+
+
+@dataclass(frozen=True)
+class RangeReport:
+    """One range of batch sizes as the engine last measured it."""
+
+    batch_sizes: str
+    k: int  # in force
+    configured: int  # the profile's
+    steps: int  # decode steps measured
+    probes: dict[int, int]  # other k -> paired probes that count
+    speed_ratio: dict[int, float]  # other k -> its tokens/s over the k in force's, where probes suffice
+
+
+def attach_report(record, reports: list[RangeReport]) -> None:
+    """Append `reports` to a spec-decoding record the engine core sends this step (see REPORT_MARKER)."""
+    values = [REPORT_MARKER, len(reports)]
+    for r in reports:
+        low, _, high = r.batch_sizes.partition("-")
+        values += [int(low), int(high or low), r.k, r.configured, r.steps, len(r.probes)]
+        for k, probes in r.probes.items():
+            values += [k, probes, round(1000 * r.speed_ratio[k]) if k in r.speed_ratio else -1]
+    record.num_draft_tokens_per_pos = list(record.num_draft_tokens_per_pos) + values
+
+
+def read_report(record) -> list[RangeReport] | None:
+    """The report `attach_report` appended to `record`; None when it carries none."""
+    values = record.num_draft_tokens_per_pos
+    if REPORT_MARKER not in values:
+        return None
+    it = iter(values[values.index(REPORT_MARKER) + 1:])
+    reports = []
+    for _ in range(next(it)):
+        low, high, k, configured, steps, others = (next(it) for _ in range(6))
+        probes, ratios = {}, {}
+        for _ in range(others):
+            other, count, milli = next(it), next(it), next(it)
+            probes[other] = count
+            if milli >= 0:
+                ratios[other] = milli / 1000
+        name = str(low) if low == high else f"{low}-{high}"
+        reports.append(RangeReport(name, k, configured, steps, probes, ratios))
+    return reports
+
+
+class Gauges:
+    """`/metrics` series of the measured k, per range of batch sizes (label `batch_sizes`), in the API server."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Gauge
+
+        ranges = ["batch_sizes"]
+        self.k = Gauge("kimi_eagle:measured_k", "Draft tokens per step in force for this range of batch sizes, as "
+                       "the engine measured it (kimi_eagle:measured_k_configured: the profile's)", ranges,
+                       multiprocess_mode="max")
+        self.configured = Gauge("kimi_eagle:measured_k_configured", "The profile's draft tokens per step for this "
+                                "range of batch sizes", ranges, multiprocess_mode="max")
+        self.steps = Gauge("kimi_eagle:measured_k_steps", "Decode steps of this range the engine has timed", ranges,
+                           multiprocess_mode="max")
+        self.probes = Gauge("kimi_eagle:measured_k_probes", "Paired probes of another k that count towards the "
+                            "choice (the last few)", [*ranges, "k"], multiprocess_mode="max")
+        self.speed_ratio = Gauge("kimi_eagle:measured_k_speed_ratio", "Tokens per second of another k over the k in "
+                                 "force's, as measured (present once its probes suffice)", [*ranges, "k"],
+                                 multiprocess_mode="max")
+
+    def set(self, reports: list[RangeReport]) -> None:
+        for r in reports:
+            self.k.labels(r.batch_sizes).set(r.k)
+            self.configured.labels(r.batch_sizes).set(r.configured)
+            self.steps.labels(r.batch_sizes).set(r.steps)
+            self.probes.labels(r.batch_sizes, str(r.k)).set(0)
+            self.speed_ratio.labels(r.batch_sizes, str(r.k)).set(1.0)  # the reference
+            for k, probes in r.probes.items():
+                self.probes.labels(r.batch_sizes, str(k)).set(probes)
+                if k in r.speed_ratio:
+                    self.speed_ratio.labels(r.batch_sizes, str(k)).set(r.speed_ratio[k])
+                else:  # not (yet) measured against the k in force: no figure rather than a stale one
+                    with contextlib.suppress(KeyError):
+                        self.speed_ratio.remove(r.batch_sizes, str(k))
 @dataclass(frozen=True)
 class DecodeStep:
     batch_size: int

@@ -108,9 +108,10 @@ TOUCHES: tuple[Touch, ...] = (
            ("self", "layers"), "the capture is set from whatever ids a runner read, unchecked against fc"),
     _patch("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM.set_aux_hidden_state_layers",
            "capture", ("self", "layers"), "DeepSeek-V2/V3 (and Kimi-K2.5 through it) set the capture themselves"),
-    # acceptance alarm (adapter/acceptance_alarm.py)
-    _patch("vllm.v1.spec_decode.metrics", "SpecDecodingProm.observe", "alarm fail-safe",
-           ("self", "spec_decoding_stats", "engine_idx"), "acceptance collapses with no word in the log"),
+    # acceptance alarm, and the gauges of the fail-safe and the measured k (adapter/acceptance_alarm.py)
+    _patch("vllm.v1.spec_decode.metrics", "SpecDecodingProm.observe", "alarm fail-safe measured-k",
+           ("self", "spec_decoding_stats", "engine_idx"), "acceptance collapses with no word in the log; the API "
+           "server's /metrics hears of the engine core's state only through the stats of its steps"),
     _patch("vllm.v1.spec_decode.metrics", "SpecDecodingLogging.observe", "fail-safe",
            ("self", "spec_decoding_stats"), "the fail-safe's record with no drafts is not vLLM's figure"),
     # draft fail-safe and steps without draft tokens (adapter/draft_bypass.py)
@@ -174,6 +175,10 @@ TOUCHES: tuple[Touch, ...] = (
            "the CPU rejection sampler at T > 0 accepts a placeholder draft token (-1) and samples it"),
     _patch("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_only", "cpu-fixes", ("logits", "k"),
            "`k.max()` of zero rows kills the engine (top_k at T > 0, a step without drafts)"),
+    _patch("vllm.model_executor.layers.vocab_parallel_embedding",
+           "UnquantizedEmbeddingMethod.process_weights_after_loading", "cpu-fixes", ("self", "layer"),
+           "every embedding table is kept twice on CPU (a oneDNN-packed copy beside the weight): 4.6 GB at Kimi's "
+           "vocabulary and width"),
     _patch("vllm.v1.attention.backends.registry", "register_backend", "cpu-fixes",
            ("backend", "class_path", "is_mamba"), "CPU MLA backends verify on their prefill paths (vLLM's API)",
            kind="uses"),
@@ -198,8 +203,10 @@ TOUCHES: tuple[Touch, ...] = (
            kind="uses"),
     _patch(_SPEC, "SpeculativeConfig.compute_hash", "compile-reuse", ("self",),
            "a draft's compile key holds its speculative config's hash", kind="uses"),
-    _patch("vllm.v1.spec_decode.metrics", "SpecDecodingStats.new", "fail-safe", ("num_spec_tokens",),
+    _patch("vllm.v1.spec_decode.metrics", "SpecDecodingStats.new", "fail-safe measured-k", ("num_spec_tokens",),
            "the fail-safe's record with no drafts, in vLLM's own stats", kind="uses"),
+    _patch("vllm.v1.core.sched.interface", "SchedulerInterface.has_unfinished_requests", "measured-k", ("self",),
+           "the last step before the engine goes idle sends the measured k's report", kind="uses"),
     _patch("vllm.v1.spec_decode.dynamic.utils", "build_dynamic_sd_schedule_lookup", "fail-safe serve-cli",
            ("num_speculative_tokens_per_batch_size", "vllm_max_batch_size", "vllm_num_speculative_tokens"),
            "a schedule checked as vLLM's scheduler expands it", kind="uses"),

@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --bypass`: what the draft fail-safe buys when the draft matches nothing.
+"""`kimi-eagle bench bypass`: what the draft fail-safe buys when the draft matches nothing.
 
 The draft served is a copy of the profile's own with every weight matrix replaced by random values of the same shape
 and scale (norms, vocabulary maps and config kept): it loads, passes every shape check and accepts almost nothing,
@@ -12,11 +12,12 @@ sampled on one server at a time: the target alone and the fail-safe's server in 
 
 The goal is the fail-safe's promise: once bypassed, within noise of the target alone (0.98x, the median of the
 ratios of each of the fail-safe server's samples to the target alone's beside it), at every load and both ways of
-reading the answer.
+reading the answer. The latest run's figures: BENCHMARKS.md (`kimi-eagle bench render`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -26,16 +27,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import requests
-import torch
+from matplotlib.figure import Figure
 from pydantic import AliasChoices, BaseModel, Field
-from safetensors.torch import load_file, save_file
 
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient
-from kimi_eagle.bench.result import Machine, run_line
-from kimi_eagle.bench.run import machine_now
+from kimi_eagle.bench.machine import machine_now
+from kimi_eagle.bench.plots import TARGET_ALONE, Plot, draw, log2_axis, reference, spread_line
+from kimi_eagle.bench.result import Machine, ModeResults, run_line
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.stats import Spread, paired_ratios, spread
+from kimi_eagle.bench.subcommand import MeasuringRun, add_run_options, plan_of
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile, resolve_model_path
@@ -72,9 +74,9 @@ class BypassPlan(BaseModel):
         return -(-max(self.requests_per_sample, concurrency) // concurrency) * concurrency
 
 
-# A 2% cost is a fifth of what this 2-core machine's throughput moves by from one sample to the next (per-pair ratios
-# of 0.61-1.27x in the six-round runs). Short samples, alternated seconds apart, cancel the drift, and 88 pairs a cell
-# put the median's own noise near 1%; four rounds of fresh servers, started in turns (`start_order`), keep one
+# A 2% cost is far less than what a 2-core machine's throughput moves by from one sample to the next (the spread of
+# the per-pair ratios: BENCHMARKS.md). Short samples, alternated seconds apart, cancel the drift, and many pairs a cell
+# (rounds x pairs) narrow the median's own noise; rounds of fresh servers, started in turns (`start_order`), keep one
 # start's luck, and its place in the order, from deciding a cell.
 FULL = BypassPlan(mode="bypass", concurrency=[1, 4, 16], rounds=4, pairs=22, requests_per_sample=8, max_tokens=64)
 QUICK = BypassPlan(mode="bypass-quick", concurrency=[1], rounds=1, max_tokens=16, requests_per_sample=2,
@@ -113,17 +115,18 @@ class BypassResult(BaseModel):
 def start_order(round_no: int) -> list[str]:
     """The servers of round r in the order they start: the target alone first and the fail-safe's server last in odd
     rounds, the other way round in even ones, so that over an even number of rounds neither starts before the other
-    more often. In the runs of 2026-12-06 (a rotation of three, which started the fail-safe's server before the
-    target alone in two rounds of three) the fail-safe's server averaged 0.996x over the loads of the rounds it
-    started after the target alone, and 0.978x over the others. Two target-alone servers started one after the other
-    read 1.032x, 1.015x and 0.975x (the second over the first, 1 in flight streamed): a server's speed varies by a
-    few percent from one start to the next, and more rounds average it out."""
+    more often: where one server started before the other more often, the order showed in the ratio, and two servers
+    of one configuration started one after the other differ by a few percent (BENCHMARKS.md, the fail-safe's runs).
+    More rounds average a start's luck out."""
     alone, off, on = CONFIGS
     return [alone, off, on] if round_no % 2 else [on, off, alone]
 
 
 def random_draft(draft_dir: Path, out: Path, seed: int = 0) -> Path:
     """The draft with each weight matrix (2-D floating tensor) redrawn at its own standard deviation."""
+    import torch  # here: `kimi-eagle bench` builds every mode's options, and this mode alone needs torch
+    from safetensors.torch import load_file, save_file
+
     out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     for file in draft_dir.iterdir():
@@ -175,8 +178,8 @@ class BypassBench:
     def _round(self, round_no: int) -> None:
         """The three servers up together, only one of them loaded at a time. At each load the target alone and the
         fail-safe's server are sampled in turns (A C C A ...: a linear drift weighs on both alike), so that each
-        ratio compares samples seconds apart: minutes apart, this 2-core machine drifts by 10-25% (the target alone
-        gave 179 and 233 tok/s at one stream in two runs an hour apart), ten times the 2% this bench has to resolve.
+        ratio compares samples seconds apart: minutes apart, a 2-core machine drifts by several times the 2% this
+        bench has to resolve (BENCHMARKS.md).
         The server without the fail-safe is sampled once, first or last in turn. An idle server costs next to
         nothing (uniprocess engine core)."""
         alone, off, on = CONFIGS
@@ -326,3 +329,51 @@ def _table(result: BypassResult, cell: Callable[[BypassPoint], str]) -> list[str
             lines.append(f"| {config} | {'streamed' if streamed else 'whole'} | "
                          + " | ".join(cell(p) for p in points) + " |")
     return lines
+
+
+def plots(result: BypassResult, folder: Path) -> list[Plot]:
+    """The random draft's tokens/s over the target alone by load, with the fail-safe off and on, whole and streamed,
+    against the goal."""
+    def paint(figure: Figure) -> None:
+        ax = figure.subplots()
+        for config, colour in zip(CONFIGS[1:], ("tab:red", "tab:green")):
+            for streamed in result.plan.streamed:
+                points = sorted((p for p in result.points if p.config == config and p.streamed == streamed
+                                 and p.ratio_to_target_alone is not None), key=lambda p: p.concurrency)
+                if points:
+                    spread_line(ax, [p.concurrency for p in points], [p.ratio_to_target_alone for p in points],
+                                f"{config}, {'streamed' if streamed else 'whole'}", color=colour,
+                                linestyle="--" if streamed else "-")
+        reference(ax, 1.0, TARGET_ALONE)
+        reference(ax, GOAL, f"goal: {GOAL}x", color="tab:green")
+        log2_axis(ax, result.plan.concurrency, "requests in flight")
+        ax.set_ylabel("tokens/s over the target alone (x)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="small")
+
+    return [draw(folder / "bypass-ratio-to-target-alone.png",
+                 f"The draft fail-safe on a random draft ({result.started_utc[:10]}, median and range)", paint)]
+
+
+RESULTS = ModeResults(mode="bypass", prefix=FULL.mode, model=BypassResult, markdown=markdown, plots=plots)
+
+
+def register(modes: argparse._SubParsersAction) -> None:
+    p = modes.add_parser("bypass", help="what the draft fail-safe buys on a random-weight copy of the profile's draft",
+                         description="The target alone, a random-weight copy of the profile's draft with the "
+                                     "fail-safe off, and on, at 1, 4 and 16 in flight, streamed and not, at T 1, the "
+                                     "three servers up together and loaded one at a time, and how long after the load "
+                                     "began it bypassed the draft (about 30 minutes). Writes OUT/bypass-<time>.json "
+                                     "and .md.")
+    add_run_options(p, quick="1 in flight, streamed, 1 round: proves the mode runs; its figures are not for "
+                             "comparison", rounds=FULL.rounds)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_of(FULL, QUICK, args)
+    measuring = MeasuringRun.start(args, plan.mode)
+    result = BypassBench(plan, measuring.profile, **measuring.bench_options).run()
+    measuring.write(result, markdown)
+    print(result.verdict)
+    return 0

@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --configs`: which way of serving the same pair is fastest on this machine, streamed and not.
+"""`kimi-eagle bench configs`: which way of serving the same pair is fastest on this machine, streamed and not.
 
 The matrix is dtype (float32, bfloat16) x process and core layout x target alone or with its draft. The layouts:
 both cores bound to the engine's worker; vLLM's own default, which leaves a core to the API server, with the engine
@@ -9,31 +9,34 @@ process on every step. Plain `vllm serve MODEL` is "bfloat16, alone, vLLM's defa
 time (two would share the 2 cores); each round starts every configuration once, in an order rotated by round, so
 that the machine's drift (this one's speed moves by a third within minutes) spreads over all of them. At each load,
 a draft configuration is compared round by round with the configuration without a draft whose median there is
-highest (not with the best of them in each round: the highest of several noisy samples is biased upwards).
+highest (not with the best of them in each round: the highest of several noisy samples is biased upwards). The latest
+run's figures: BENCHMARKS.md (`kimi-eagle bench render`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
+from matplotlib.figure import Figure
 from pydantic import BaseModel, Field
 
 from kimi_eagle import envs
 from kimi_eagle.bench.client import BenchClient, Sample
-from kimi_eagle.bench.plan import StreamsPlan
-from kimi_eagle.bench.result import Machine, run_line
-from kimi_eagle.bench.run import machine_now, summed_acceptance
+from kimi_eagle.bench.machine import machine_now
+from kimi_eagle.bench.plan import StreamsPlan, rotated
+from kimi_eagle.bench.plots import Plot, draw, reference
+from kimi_eagle.bench.result import Machine, ModeResults, run_line, summed_acceptance
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.stats import Spread, spread
+from kimi_eagle.bench.subcommand import BenchError, MeasuringRun, add_run_options, plan_of
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile
-
-T = TypeVar("T")
 
 BIND_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 # vLLM's CPU platform turns `uni` back into `mp` unless V1 multiprocessing is off (vllm/platforms/cpu.py); the API
@@ -140,19 +143,6 @@ class ConfigsResult(BaseModel):
     verdict: str
 
 
-def rotated(items: list[T], round_no: int) -> list[T]:
-    """Round r's order: the items rotated by r - 1; once each has gone first, the rotations of the reverse order.
-
-    Rotations alone run each item after the same neighbour (A B C, B C A, C A B: C always follows B), so whatever a
-    load leaves behind for the sample after it (a server winding down, the caches it filled) would count against
-    one configuration only. Over 2n rounds every item is first twice and, for up to three items, runs right after
-    each other item equally often."""
-    n = len(items)
-    base = items if (round_no - 1) // n % 2 == 0 else items[::-1]
-    shift = (round_no - 1) % n
-    return base[shift:] + base[:shift]
-
-
 class ConfigsBench:
     def __init__(self, plan: ConfigsPlan, profile: Profile, *, target: str | None, draft: str | None,
                  prompts: list[str], files_dir: Path, command_line: str, say: Callable[[str], None]) -> None:
@@ -203,6 +193,7 @@ class ConfigsBench:
         self.say(f"  round {round_no}/{self.plan.rounds} {config.name}: ready in "
                  f"{live.cold_start.seconds_to_healthy:.0f}s; tok/s {' / '.join(figures)} "
                  f"({'; '.join(p.name for p in self.plan.points)})")
+
 
 def compare(plan: ConfigsPlan, samples: dict[tuple[str, str], list[float]]) -> list[ConfigPoint]:
     """Every configuration at every load; each draft configuration paired, round by round, with the fastest
@@ -267,3 +258,55 @@ def markdown(result: ConfigsResult) -> str:
     lines += ["", "Mean acceptance length (all loads and rounds, from vLLM's counters): "
               + ("; ".join(acceptance) if acceptance else "n/a") + ".", "", f"**{result.verdict}.**", ""]
     return "\n".join(lines)
+
+
+def plots(result: ConfigsResult, folder: Path) -> list[Plot]:
+    """Each configuration with a draft over the fastest without one, at each load."""
+    loads = [p.name for p in result.plan.points]
+    drafts = list(dict.fromkeys(p.config for p in result.points if p.ratio_to_fastest_without_draft))
+    width = 0.8 / max(1, len(drafts))
+
+    def paint(figure: Figure) -> None:
+        ax = figure.subplots()
+        for i, config in enumerate(drafts):
+            ratios = [next(p.ratio_to_fastest_without_draft.median for p in result.points
+                           if p.config == config and p.load == load) for load in loads]
+            ax.bar([j + (i - (len(drafts) - 1) / 2) * width for j in range(len(loads))], ratios, width, label=config)
+        reference(ax, 1.0, "the fastest configuration without a draft")
+        ax.set_xticks(range(len(loads)), labels=loads, fontsize="small")
+        ax.set_ylabel("tokens/s over the fastest without a draft (x)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+    return [draw(folder / "configs-ratio-to-fastest-without-draft.png",
+                 f"Serving configurations with the draft, by load ({result.started_utc[:10]}, median of "
+                 f"{result.plan.rounds} rounds)", paint, size=(10.0, 4.5))]
+
+
+RESULTS = ModeResults(mode="configs", prefix=FULL.mode, model=ConfigsResult, markdown=markdown, plots=plots)
+
+
+def register(modes: argparse._SubParsersAction) -> None:
+    p = modes.add_parser("configs", help="which way of serving the pair is fastest here: dtype x core layout x alone/"
+                                         "with the draft, streamed and not",
+                         description="float32/bfloat16 x both cores bound/vLLM's core layout (the engine core pinned "
+                                     "or floating)/the worker inside the engine core x alone/with the draft, streamed "
+                                     "and not, one server at a time (about 30 minutes). Writes "
+                                     "OUT/configs-<time>.json and .md.")
+    add_run_options(p, quick="the two bfloat16 configurations in vLLM's layout, 2 minutes; its figures are not for "
+                             "comparison", rounds=FULL.rounds)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="only this dtype's half of the matrix")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_of(FULL, QUICK, args)
+    if args.dtype is not None:
+        plan = plan.model_copy(update={"configs": [c for c in plan.configs if c.dtype == args.dtype]})
+        if not plan.configs:
+            raise BenchError(f"the {plan.mode} plan serves no {args.dtype} configuration: leave out --dtype")
+    measuring = MeasuringRun.start(args, plan.mode)
+    result = ConfigsBench(plan, measuring.profile, **measuring.bench_options).run()
+    measuring.write(result, markdown)
+    print(result.verdict)
+    return 0

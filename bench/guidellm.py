@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --guidellm`: GuideLLM, the vLLM project's benchmark, beside `kimi-eagle loadtest`.
+"""`kimi-eagle bench guidellm`: GuideLLM, the vLLM project's benchmark, beside `kimi-eagle loadtest`.
 
 Two servers, one at a time: the profile as `make serve` starts it, and the same profile with `--no-draft`. On each,
 for every temperature and number of streams of the plan: GuideLLM on its own synthetic prompts, GuideLLM on the
@@ -10,11 +10,13 @@ GuideLLM is an optional peer, not a dependency: GuideLLM 0.8.1 would take click 
 the ones requirements/cpu.lock pins for vLLM (8.4.2 for 8.5.1, 6.9.1 for 7.2.1: `pip install --dry-run`), so it
 lives in a virtual environment of its own (`make guidellm`, `.venv-guidellm`), found here by `KIMI_EAGLE_GUIDELLM`
 or that folder, and runs as a program. Its request body carries the temperature explicitly:
-GuideLLM sends none by default, and vLLM then samples at 1.0 (the tiny target's generation config sets none).
+GuideLLM sends none by default, and vLLM then samples at 1.0 (the tiny target's generation config sets none). The
+latest run's figures: BENCHMARKS.md (`kimi-eagle bench render`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -24,12 +26,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from pydantic import BaseModel, Field
 
 from kimi_eagle import envs
-from kimi_eagle.bench.result import Machine, run_line
-from kimi_eagle.bench.run import machine_now
+from kimi_eagle.bench.machine import machine_now
+from kimi_eagle.bench.plots import Plot, draw, log2_axis, reference
+from kimi_eagle.bench.result import Machine, ModeResults, run_line
 from kimi_eagle.bench.servers import measured_server
+from kimi_eagle.bench.subcommand import BenchError, MeasuringRun, add_run_options, plan_of
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile, resolve_model_path
@@ -41,11 +46,11 @@ CONFIGS = (PROFILE, FIXED, ALONE)  # as `make serve` (the engine measures k), it
 AGREEMENT = 0.15  # the two tools' tokens/s on one server and workload: farther apart than this is called out
 
 
-class GuideLLMMissingError(RuntimeError):
+class GuideLLMMissingError(BenchError):
     pass
 
 
-class GuideLLMRunError(RuntimeError):
+class GuideLLMRunError(BenchError):
     pass
 
 
@@ -56,10 +61,14 @@ class GuideLLMPlan(BaseModel):
     seconds: int = Field(ge=3, description="Of each measurement, GuideLLM's and the load test's alike.")
     max_tokens: int = Field(ge=2, description="Output tokens of every request (ignore_eos).")
     synthetic_prompt_tokens: int = Field(ge=1)
+    warmup_seconds: int = Field(0, ge=0, description="Load at each number of streams (T 1, held-out prompts) that "
+                                "the profile's server serves before its measurements, so that the engine's measured "
+                                "k has seen every batch size it is then measured at, as a server that has served a "
+                                "while has; not measured.")
 
 
 FULL = GuideLLMPlan(mode="guidellm", streams=[1, 4, 16], temperatures=[1.0, 0.0], seconds=20, max_tokens=128,
-                    synthetic_prompt_tokens=64)
+                    synthetic_prompt_tokens=64, warmup_seconds=120)
 QUICK = GuideLLMPlan(mode="guidellm-quick", streams=[1], temperatures=[1.0], seconds=5, max_tokens=32,
                      synthetic_prompt_tokens=64)
 
@@ -70,6 +79,8 @@ class Figures(BaseModel):
     requests: int
     client_cpu_s: float | None = Field(None, description="CPU seconds the tool's processes used: on a machine of "
                                                          "few cores, the client competes with the server.")
+    measured_k: str | None = Field(None, description="The engine's k per batch-size range at the end of the "
+                                                     "measurement, as `kimi-eagle loadtest` read it from /metrics.")
 
 
 class Row(BaseModel):
@@ -91,6 +102,8 @@ class GuideLLMResult(BaseModel):
     plan: GuideLLMPlan
     rows: list[Row]
     verdict: str
+    fault: str | None = Field(None, description="KIMI_EAGLE_FAULT the servers ran with: a machine made one where "
+                                                "drafting costs (`slow-draft`), on purpose.")
 
 
 def find_guidellm() -> Path:
@@ -133,8 +146,10 @@ def read_guidellm(path: Path) -> Figures:
 
 def read_loadtest(summary: Path) -> Figures:
     data = json.loads(summary.read_text())
+    ranges = (data.get("acceptance") or {}).get("measured_k")
     return Figures(output_tokens_per_s=data["throughput"]["output_tokens_per_s"],
-                   itl_ms=data["itl_per_token_ms"]["mean"], requests=data["requests"]["ok"])
+                   itl_ms=data["itl_per_token_ms"]["mean"], requests=data["requests"]["ok"],
+                   measured_k=", ".join(f"{r['batch_sizes']}: {r['k']}" for r in ranges) if ranges else None)
 
 
 def heldout_jsonl(prompts: list[str], out: Path, *, output_tokens: int | None = None) -> Path:
@@ -166,7 +181,7 @@ class GuideLLMBench:
         return GuideLLMResult(command=self.command_line, started_utc=started_utc,
                               duration_s=time.perf_counter() - t0, machine=machine_now(load_before),
                               profile=self.profile.name, guidellm_version=guidellm_version(self.program),
-                              plan=self.plan, rows=rows, verdict=verdict(rows))
+                              plan=self.plan, rows=rows, verdict=verdict(rows), fault=envs.fault() or None)
 
     def _measure(self, config: str) -> list[Row]:
         command = build_command(self.profile, target=self.target, draft=self.draft, no_draft=config == ALONE,
@@ -179,6 +194,12 @@ class GuideLLMBench:
                 "held-out": f"kind=json_file,path={self.heldout_guidellm}"}
         rows = []
         with measured_server(command, config=config, num_speculative_tokens=None, log=log) as live:
+            if config == PROFILE and self.plan.warmup_seconds:
+                for streams in self.plan.streams:
+                    self.say(f"  {config}: {self.plan.warmup_seconds} s of load at {streams} stream(s) before "
+                             "measuring (the engine measures its k per batch size meanwhile)")
+                    self._loadtest(live.url, 1.0, streams, self.files_dir / f"warmup-s{streams}",
+                                   seconds=self.plan.warmup_seconds)
             for temperature in self.plan.temperatures:
                 for streams in self.plan.streams:
                     for name, argument in data.items():
@@ -198,18 +219,20 @@ class GuideLLMBench:
                                     if row.loadtest else ""))
         return rows
 
-    def _loadtest(self, url: str, temperature: float, streams: int, out: Path) -> Figures:
+    def _loadtest(self, url: str, temperature: float, streams: int, out: Path, seconds: int | None = None) -> Figures:
+        seconds = seconds or self.plan.seconds
         cpu = self._run([sys.executable, "-m", "kimi_eagle.cli", "loadtest", "--url", url, "--prompts",
                          str(self.heldout), "--max-tokens", str(self.plan.max_tokens), "--temperature",
-                         f"{temperature:g}", "--users", str(streams), "--run-time", f"{self.plan.seconds}s", "--out",
-                         str(out)], out.with_suffix(".loadtest.log"))
+                         f"{temperature:g}", "--users", str(streams), "--run-time", f"{seconds}s", "--out",
+                         str(out)], out.with_suffix(".loadtest.log"), seconds)
         return read_loadtest(out / "summary.json").model_copy(update={"client_cpu_s": cpu})
 
-    def _run(self, argv: list[str], log: Path) -> float:
+    def _run(self, argv: list[str], log: Path, seconds: int | None = None) -> float:
         """Run a tool to its end; the CPU seconds it and its children used."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         with log.open("w") as sink:
-            done = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, timeout=self.plan.seconds + 600)
+            done = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT,
+                                  timeout=(seconds or self.plan.seconds) + 600)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode != 0:
             tail = log.read_text()[-1500:]
@@ -253,11 +276,16 @@ def markdown(result: GuideLLMResult) -> str:
     lines = [f"# GuideLLM {result.guidellm_version} beside kimi-eagle loadtest, profile {result.profile}", "",
              run_line(result.command, result.started_utc, result.duration_s, result.machine)
              + f"{result.plan.seconds} s per measurement, {result.plan.max_tokens} output tokens per request "
-             "(ignore_eos), streamed, one server at a time.", "",
+             "(ignore_eos), streamed, one server at a time"
+             + (f"; the profile's server first served {result.plan.warmup_seconds} s at each number of streams"
+                if result.plan.warmup_seconds else "")
+             + (f"; every server ran with {envs.FAULT.name}={result.fault} (a machine where drafting costs, made on "
+                "purpose)" if result.fault else "") + ".", "",
              "Output tokens/s (mean inter-token latency, ms; CPU seconds the client used); `x` is the ratio to the "
              "same row with `--no-draft`.", "",
-             "| server | T | streams | prompts | GuideLLM | x | kimi-eagle loadtest | x | loadtest / GuideLLM |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| server | T | streams | prompts | GuideLLM | x | kimi-eagle loadtest | x | loadtest / GuideLLM | k in "
+             "force at the end (batch sizes: k) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(f: Figures | None) -> str:
         if f is None:
@@ -274,6 +302,83 @@ def markdown(result: GuideLLMResult) -> str:
     for r in result.rows:
         agreement = (f"{r.loadtest.output_tokens_per_s / r.guidellm.output_tokens_per_s:.2f}" if r.loadtest else "")
         lines.append(f"| {r.config} | {r.temperature:g} | {r.streams} | {r.data} | {cell(r.guidellm)} | "
-                     f"{x(r, 'guidellm')} | {cell(r.loadtest)} | {x(r, 'loadtest')} | {agreement} |")
+                     f"{x(r, 'guidellm')} | {cell(r.loadtest)} | {x(r, 'loadtest')} | {agreement} | "
+                     f"{r.loadtest.measured_k or '' if r.loadtest else ''} |")
     lines += ["", f"**{result.verdict}.**", ""]
     return "\n".join(lines)
+
+
+def plots(result: GuideLLMResult, folder: Path) -> list[Plot]:
+    """Each tool's tokens/s over the same row with --no-draft, by streams, one panel per temperature."""
+    temperatures = result.plan.temperatures
+    series = [(config, tool, data) for config in CONFIGS if config != ALONE
+              for tool, data in (("guidellm", "synthetic"), ("guidellm", "held-out"), ("loadtest", "held-out"))
+              if any(r.config == config for r in result.rows)]
+    names = {"guidellm": "GuideLLM", "loadtest": "kimi-eagle loadtest"}
+
+    def paint(figure: Figure) -> None:
+        axes = figure.subplots(1, len(temperatures), sharey=True, squeeze=False)[0]
+        for ax, temperature in zip(axes, temperatures):
+            for config, tool, data in series:
+                rows = sorted((r for r in result.rows if (r.config, r.temperature, r.data) == (config, temperature,
+                                                                                               data)),
+                              key=lambda r: r.streams)
+                points = [(r.streams, ratio) for r in rows if (ratio := ratio_to_no_draft(result.rows, r, tool))]
+                if points:
+                    ax.plot(*zip(*points), marker="o", linestyle="-" if config == PROFILE else "--",
+                            label=f"{config}: {names[tool]}, {data}")
+            reference(ax, 1.0, ALONE)
+            log2_axis(ax, result.plan.streams, "streams")
+            ax.set_title(f"T {temperature:g}", fontsize="small")
+            ax.grid(axis="y", alpha=0.3)
+        axes[0].set_ylabel("tokens/s over --no-draft (x)")
+        axes[-1].legend(fontsize="x-small")
+
+    return [draw(folder / "guidellm-speedup-over-no-draft.png",
+                 f"GuideLLM {result.guidellm_version} beside kimi-eagle loadtest ({result.started_utc[:10]})", paint,
+                 size=(9.0, 4.0))]
+
+
+RESULTS = ModeResults(mode="guidellm", prefix=FULL.mode, model=GuideLLMResult, markdown=markdown, plots=plots)
+
+
+def register(modes: argparse._SubParsersAction) -> None:
+    p = modes.add_parser("guidellm", help="GuideLLM (installed apart by `make guidellm`) beside kimi-eagle loadtest, "
+                                          "against the profile and --no-draft",
+                         description="GuideLLM, the vLLM project's benchmark, beside kimi-eagle loadtest against the "
+                                     "profile and against --no-draft, one server at a time: GuideLLM's synthetic "
+                                     "prompts and the held-out prompts (both tools), at T 1 and 0, 1, 4 and 16 "
+                                     "streams. Writes OUT/guidellm-<time>.json and .md.")
+    add_run_options(p, quick="T 1 and 1 stream, 2 minutes; its figures are not for comparison")
+    p.add_argument("--streams", type=_numbers(int), help=f"streams to measure at, e.g. 1,4 (default "
+                                                         f"{','.join(map(str, FULL.streams))})")
+    p.add_argument("--temperatures", type=_numbers(float), help="temperatures, e.g. 1,0 (default 1,0)")
+    p.add_argument("--warmup", type=int, metavar="SECONDS",
+                   help=f"load the profile's server serves at each number of streams before it is measured (default "
+                        f"{FULL.warmup_seconds}; with --quick 0)")
+    p.set_defaults(run=run)
+
+
+def _numbers(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+        if not values or any(v < 0 for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: give numbers of 0 or more, comma-separated")
+        return values
+
+    return parse
+
+
+def run(args: argparse.Namespace) -> int:
+    find_guidellm()  # before anything starts: it is installed apart
+    plan = plan_of(FULL, QUICK, args)
+    chosen = {"streams": args.streams, "temperatures": args.temperatures, "warmup_seconds": args.warmup}
+    plan = plan.model_copy(update={key: value for key, value in chosen.items() if value is not None})
+    measuring = MeasuringRun.start(args, plan.mode)
+    result = GuideLLMBench(plan, measuring.profile, **measuring.bench_options).run()
+    measuring.write(result, markdown)
+    print(result.verdict)
+    return 0

@@ -1,8 +1,13 @@
-"""What one benchmark run measures: the full plan (under 15 minutes on 2 cores) and the quick one CI runs."""
+"""What a run of `kimi-eagle bench speedup` measures (the full plan, under 15 minutes on 2 cores, and the quick one CI
+runs), and what the modes that start one server at a time share: the size of a sample, the order of a round."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+T = TypeVar("T")
 
 
 class BenchPlan(BaseModel):
@@ -60,3 +65,17 @@ class StreamsPlan(BaseModel):
 
     def requests_at(self, concurrency: int) -> int:
         return max(12, self.requests_per_stream * concurrency)
+
+
+def rotated(items: list[T], round_no: int) -> list[T]:
+    """Round r's order of the one-server-at-a-time modes: the items rotated by r - 1; once each has gone first, the
+    rotations of the reverse order.
+
+    Rotations alone run each item after the same neighbour (A B C, B C A, C A B: C always follows B), so whatever a
+    load leaves behind for the sample after it (a server winding down, the caches it filled) would count against
+    one configuration only. Over 2n rounds every item is first twice and, for up to three items, runs right after
+    each other item equally often."""
+    n = len(items)
+    base = items if (round_no - 1) // n % 2 == 0 else items[::-1]
+    shift = (round_no - 1) % n
+    return base[shift:] + base[:shift]

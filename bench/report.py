@@ -1,7 +1,13 @@
-"""The benchmark's Markdown report and the profile setting it recommends."""
+"""The speed-up run's report: its Markdown, its plots and the profile setting it recommends."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from kimi_eagle.bench.plots import TARGET_ALONE, Plot, draw, log2_axis, reference, spread_line
 from kimi_eagle.bench.result import BenchResult, ThroughputPoint, isa_note
 from kimi_eagle.bench.speedup_model import Recommendation, tokens_per_step
 from kimi_eagle.bench.stats import Spread
@@ -70,7 +76,7 @@ def markdown(result: BenchResult) -> str:
 
 def _heading(result: BenchResult) -> list[str]:
     m = result.machine
-    return [f"# kimi-eagle bench ({result.mode})", "",
+    return [f"# kimi-eagle bench speedup ({result.mode})", "",
             f"Command: `{result.command}`  ",
             f"Machine: {m.cpu_model}, {m.cpus} CPUs{isa_note(m)}, {m.memory_gib} GiB; vLLM {m.vllm_version}, torch "
             f"{m.torch_version}  ",
@@ -183,3 +189,62 @@ def _harness(result: BenchResult) -> list[str]:
 def _recommendation(result: BenchResult) -> list[str]:
     out = ["## 7. Recommended num_speculative_tokens", "", "```", profile_setting(result.recommendations), "```", ""]
     return out + (["## Notes", "", *(f"- {n}" for n in result.notes), ""] if result.notes else [])
+
+
+def plots(result: BenchResult, folder: Path) -> list[Plot]:
+    """The speed-up over the target alone by concurrency, each k on the held-out prompts beside the same k on the
+    ceiling prompts (an always-right draft); the acceptance by draft position at the largest k."""
+    return [_speedup_plot(result, folder / "speedup-by-concurrency.png"),
+            _acceptance_plot(result, folder / "speedup-acceptance-by-position.png")]
+
+
+def _speedup_plot(result: BenchResult, path: Path) -> Plot:
+    ks = sorted({p.num_speculative_tokens for p in result.throughput})
+    workloads = {"held-out": "held-out prompts", "ceiling": "ceiling: prompts the draft predicts (always right)"}
+
+    def paint(figure: Figure) -> None:
+        axes = figure.subplots(1, 2, sharey=True)
+        for ax, (workload, title) in zip(axes, workloads.items()):
+            for k in ks:
+                points = sorted((p for p in result.throughput
+                                 if p.workload == workload and p.num_speculative_tokens == k),
+                                key=lambda p: p.concurrency)
+                if points:
+                    spread_line(ax, [p.concurrency for p in points], [p.paired_speedup for p in points], f"k={k}",
+                                color=_k_colour(k, ks))
+            reference(ax, 1.0, TARGET_ALONE)
+            log2_axis(ax, result.plan.concurrency, "requests in flight")
+            ax.set_title(title, fontsize="small")
+            ax.grid(axis="y", alpha=0.3)
+        axes[0].set_ylabel("speed-up over the target alone (x)")
+        axes[1].legend(fontsize="small")
+
+    return draw(path, f"Speed-up by concurrency, held-out prompts beside the ceiling ({result.started_utc[:10]}, "
+                      f"median and range of {result.plan.repeats} rounds)", paint, size=(9.0, 4.0))
+
+
+def _acceptance_plot(result: BenchResult, path: Path) -> Plot:
+    k = max(p.num_speculative_tokens for p in result.throughput)
+    points = sorted((p for p in result.throughput if p.num_speculative_tokens == k and p.acceptance is not None),
+                    key=lambda p: (p.workload != "held-out", p.concurrency))
+
+    def paint(figure: Figure) -> None:
+        ax = figure.subplots()
+        for p in points:
+            positions = range(1, len(p.acceptance.per_position) + 1)
+            ax.plot(positions, p.acceptance.per_position, marker="o",
+                    linestyle="-" if p.workload == "held-out" else "--",
+                    label=f"{p.workload}, {p.concurrency} in flight")
+        ax.set_xticks(range(1, k + 1))
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("accepted (share of verify steps)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+
+    return draw(path, f"Acceptance by draft position, k={k} ({result.started_utc[:10]})", paint)
+
+
+def _k_colour(k: int, ks: list[int]) -> tuple[float, float, float, float]:
+    """k from light to dark: the larger the k, the darker its line."""
+    return colormaps["viridis"](0.85 - 0.75 * ks.index(k) / max(1, len(ks) - 1))

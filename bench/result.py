@@ -1,13 +1,24 @@
-"""The benchmark's results file (`bench/results/*.json`): pydantic models, units in the field names."""
+"""The benchmark's results files (`bench/results/*.json`): what every mode records of its machine, the full speed-up
+run's pydantic models (units in the field names), and what `kimi-eagle bench render` needs of each mode."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 from pydantic import BaseModel, Field
 
+from kimi_eagle.bench.client import Sample
 from kimi_eagle.bench.plan import BenchPlan
 from kimi_eagle.bench.servers import ColdStart
 from kimi_eagle.bench.speedup_model import Recommendation
 from kimi_eagle.bench.stats import Spread
+
+if TYPE_CHECKING:
+    from kimi_eagle.bench.plots import Plot
 
 RESULT_SCHEMA = "kimi-eagle/bench/1"
 
@@ -48,6 +59,22 @@ class AcceptanceFigures(BaseModel):
     mean_acceptance_length: float | None = Field(description="1 + accepted / verify steps.")
     acceptance_rate: float | None = Field(description="Accepted / proposed draft tokens.")
     per_position: list[float] = Field(description="Index j: share of verify steps whose draft token j+1 was accepted.")
+
+
+def summed_acceptance(samples: list[Sample]) -> AcceptanceFigures | None:
+    """vLLM's counters over several samples: per-position rates weighted by each sample's verify steps."""
+    figures = [s.acceptance for s in samples if s.acceptance is not None and s.acceptance.num_verify_steps]
+    if not figures:
+        return None
+    steps = sum(a.num_verify_steps or 0 for a in figures)
+    drafted = sum(a.num_draft_tokens or 0 for a in figures)
+    accepted = sum(a.num_accepted_tokens or 0 for a in figures)
+    positions = max(len(a.per_position_acceptance_rate or []) for a in figures)
+    per_position = [sum((a.per_position_acceptance_rate or [0.0] * positions)[j] * (a.num_verify_steps or 0)
+                        for a in figures) / steps for j in range(positions)]
+    return AcceptanceFigures(verify_steps=steps, draft_tokens=drafted, accepted_tokens=accepted,
+                             mean_acceptance_length=1 + accepted / steps,
+                             acceptance_rate=accepted / drafted if drafted else None, per_position=per_position)
 
 
 class ThroughputPoint(BaseModel):
@@ -132,3 +159,24 @@ class BenchResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
     model_config = {"populate_by_name": True}
+
+
+@dataclass(frozen=True)
+class ModeResults:
+    """A mode's results files as `kimi-eagle bench render` reads them: `<prefix>-<YYYYmmdd-HHMMSS>.json` (a quick
+    run's prefix has `quick` in it, so that it is never taken for a measurement), the model that reads one, the
+    Markdown report made of it, and its plots (written into a folder, returned in the order they are shown)."""
+
+    mode: str  # the subcommand, `kimi-eagle bench MODE`, and the name of its section in a rendered file
+    prefix: str
+    model: type[BaseModel]
+    markdown: Callable[[Any], str]
+    plots: Callable[[Any, Path], list[Plot]]
+
+    def runs(self, folder: Path) -> list[Path]:
+        """This mode's measured runs in `folder`, oldest first (the stamp in the name is the start time)."""
+        name = re.compile(rf"{re.escape(self.prefix)}-\d{{8}}-\d{{6}}\.json")
+        return sorted(p for p in folder.glob(f"{self.prefix}-*.json") if name.fullmatch(p.name))
+
+    def load(self, path: Path) -> Any:
+        return self.model.model_validate_json(path.read_text())

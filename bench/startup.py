@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --startup`: how long `make serve` takes to its `Ready` line, the first time and every later time.
+"""`kimi-eagle bench startup`: how long `make serve` takes to its `Ready` line, the first time and every later time.
 
 A user's first start compiles the target and the draft (torch.compile); every later start loads what the first one
 saved (vLLM's cache, made reusable on CPU and keyed by the capture in `adapter/compile_cache.py`). Each round gives
@@ -6,11 +6,13 @@ saved (vLLM's cache, made reusable on CPU and keyed by the capture in `adapter/c
 and starts it twice: the first start with nothing compiled, the second with what the first saved. Each start is
 timed as a user sees it, from the command to its `Ready in` line (pre-flight checks, vLLM's start-up, the model
 answering /health). Each start then answers one greedy request, and is stopped as Ctrl-C would (SIGTERM takes the
-same path): a second start that loaded the compiled graphs must answer as the first, which compiled them.
+same path): a second start that loaded the compiled graphs must answer as the first, which compiled them. The latest
+run's figures: BENCHMARKS.md (`kimi-eagle bench render`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -23,12 +25,15 @@ from typing import Literal
 
 import psutil
 import yaml
+from matplotlib.figure import Figure
 from pydantic import BaseModel, Field
 
 from kimi_eagle.bench.client import BenchClient
-from kimi_eagle.bench.result import Machine, run_line
-from kimi_eagle.bench.run import machine_now, torch_compile_cache
+from kimi_eagle.bench.machine import machine_now, torch_compile_cache
+from kimi_eagle.bench.plots import Plot, draw, reference
+from kimi_eagle.bench.result import Machine, ModeResults, run_line
 from kimi_eagle.bench.stats import Spread, spread
+from kimi_eagle.bench.subcommand import MeasuringRun, add_run_options, plan_of
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.launch import ServerStartError
 from kimi_eagle.serve.profile import Profile
@@ -228,3 +233,48 @@ def markdown(result: StartupResult) -> str:
               f"{_graph(s.loaded_compiled_target)} | {_answer(s, firsts[s.round])} |" for s in result.starts]
     lines += ["", f"**{result.verdict}.**", ""]
     return "\n".join(lines)
+
+
+def plots(result: StartupResult, folder: Path) -> list[Plot]:
+    """Each round's first and second start to Ready, against the goal of every later start."""
+    rounds = sorted({s.round for s in result.starts})
+
+    def paint(figure: Figure) -> None:
+        ax = figure.subplots()
+        for offset, which, colour in ((-0.2, "first", "tab:orange"), (0.2, "second", "tab:blue")):
+            seconds = {s.round: s.seconds_to_ready for s in result.starts if s.start == which}
+            ax.bar([r + offset for r in rounds], [seconds[r] for r in rounds], 0.4, color=colour,
+                   label=f"{which} start" + (" (nothing compiled)" if which == "first" else " (graphs loaded)"))
+        reference(ax, SECOND_START_GOAL_S, f"goal of every later start: {SECOND_START_GOAL_S:.0f} s", color="tab:blue")
+        ax.set_xticks(rounds, labels=[f"round {r}" for r in rounds])
+        ax.set_ylim(0, 1.3 * max(SECOND_START_GOAL_S, *(s.seconds_to_ready for s in result.starts)))  # legend room
+        ax.set_ylabel("seconds to Ready")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="small")
+
+    return [draw(folder / "startup-seconds-to-ready.png",
+                 f"kimi-eagle serve {result.profile} to its Ready line ({result.started_utc[:10]})", paint,
+                 size=(6.0, 4.0))]
+
+
+RESULTS = ModeResults(mode="startup", prefix=FULL.mode, model=StartupResult, markdown=markdown, plots=plots)
+
+
+def register(modes: argparse._SubParsersAction) -> None:
+    p = modes.add_parser("startup", help="how long `kimi-eagle serve PROFILE` takes to its Ready line, the first "
+                                         "time and every later time",
+                         description="What `make serve` runs, timed to its Ready line: each round with an empty "
+                                     "compile cache of its own, a first start (nothing compiled) and a second (what "
+                                     "the first saved); about 5 minutes. Writes OUT/startup-<time>.json and .md.")
+    add_run_options(p, quick="1 round, its cache linked to the inductor kernels compiled before: proves the mode "
+                             "runs; its figures are not for comparison", rounds=FULL.rounds)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_of(FULL, QUICK, args)
+    measuring = MeasuringRun.start(args, plan.mode)
+    result = StartupBench(plan, measuring.profile, **measuring.bench_options).run()
+    measuring.write(result, markdown)
+    print(result.verdict)
+    return 0

@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --tune`: how many draft tokens to propose at each batch size, measured on this machine.
+"""`kimi-eagle bench tune`: how many draft tokens to propose at each batch size, measured on this machine.
 
 Speculation pays at low load and costs at high load; vLLM 0.32 can follow the load with a schedule
 (`num_speculative_tokens_per_batch_size`: batch-size ranges -> k, 0 allowed) but ships none and measures none.
@@ -14,25 +14,29 @@ Speculation pays at low load and costs at high load; vLLM 0.32 can follow the lo
 3. Threshold: on the tuned server, a load that alternates between the two concurrencies on either side of a schedule
    boundary (vLLM issue 49548: throughput collapsing where the batch crosses one), against what the steady loads
    of phase 2 predict for the same requests.
+The latest run's figures: BENCHMARKS.md (`kimi-eagle bench render`).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from pydantic import BaseModel, Field
 
 from kimi_eagle.bench.client import BenchClient
-from kimi_eagle.bench.configs import rotated
-from kimi_eagle.bench.plan import StreamsPlan
-from kimi_eagle.bench.result import Machine, run_line
-from kimi_eagle.bench.run import machine_now
+from kimi_eagle.bench.machine import machine_now
+from kimi_eagle.bench.plan import StreamsPlan, rotated
+from kimi_eagle.bench.plots import TARGET_ALONE, Plot, draw, log2_axis, reference
+from kimi_eagle.bench.result import Machine, ModeResults, run_line
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.stats import Spread, spread
+from kimi_eagle.bench.subcommand import MeasuringRun, add_run_options, plan_of, within_checkout
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import Profile
@@ -312,7 +316,7 @@ def verdict(schedule: Schedule | None, proof: list[ProofPoint], crossing: Crossi
     text = f"schedule {[list(r) for r in schedule]}: {held}; {cross}"
     if corrected is not None:
         text += ("; after the proof: " + (f"{[list(r) for r in corrected]}, the proof's fastest where the tuned "
-                                          "schedule fell behind (run --tune again to prove it whole)"
+                                          "schedule fell behind (run `kimi-eagle bench tune` again to prove it whole)"
                                           if corrected else "no k beat the target alone: serve without the draft"))
     return text
 
@@ -363,3 +367,62 @@ def markdown(result: TuneResult) -> str:
                   f"tok/s against {x.predicted_tokens_per_s:.0f} predicted from the steady loads ({x.ratio:.2f}x).", ""]
     lines += [f"**{result.verdict}.**", ""]
     return "\n".join(lines)
+
+
+def plots(result: TuneResult, folder: Path) -> list[Plot]:
+    """Each fixed k of the sweep over the target alone by concurrency, and the tuned schedule over the target alone
+    in the proof (each over the target alone of its own phase)."""
+    def ratios(points: list[TunePoint], config: str) -> tuple[list[int], list[float]]:
+        alone = {p.concurrency: p.tokens_per_s.median for p in points if p.config == "alone"}
+        mine = sorted((p for p in points if p.config == config), key=lambda p: p.concurrency)
+        return [p.concurrency for p in mine], [p.tokens_per_s.median / alone[p.concurrency] for p in mine]
+
+    def paint(figure: Figure) -> None:
+        ax = figure.subplots()
+        for config in dict.fromkeys(p.config for p in result.sweep if p.config != "alone"):
+            ax.plot(*ratios(result.sweep, config), marker="o", linewidth=1, label=f"{config}, sweep")
+        if any(p.config == "tuned" for p in result.proof):
+            ax.plot(*ratios(result.proof, "tuned"), marker="s", color="black", linewidth=2.5,
+                    label="tuned schedule, proof")
+        reference(ax, 1.0, TARGET_ALONE)
+        log2_axis(ax, sorted({p.concurrency for p in result.sweep}), "requests in flight")
+        ax.set_ylabel("tokens/s over the target alone (x)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="small")
+
+    return [draw(folder / "tune-speedup-by-concurrency.png",
+                 f"Draft tokens by batch size: speed-up by concurrency ({result.started_utc[:10]}, medians)", paint)]
+
+
+RESULTS = ModeResults(mode="tune", prefix=FULL.mode, model=TuneResult, markdown=markdown, plots=plots)
+
+
+def register(modes: argparse._SubParsersAction) -> None:
+    p = modes.add_parser("tune", help="the number of draft tokens for each batch size, as a vLLM schedule for the "
+                                      "profile, proven side by side",
+                         description="The target alone and k=1..4 at 1, 2, 4, 8, 16 and max-num-seqs in flight, one "
+                                     "server at a time; the best k per batch-size range (0 where speculation loses) "
+                                     "becomes a `num_speculative_tokens_per_batch_size` schedule, then measured side "
+                                     "by side with the target alone and the fixed k it beat, and across a schedule "
+                                     "boundary (about 20 minutes). Writes OUT/tune-<time>.json and .md.")
+    add_run_options(p, quick="k=3 at 1 and 4 in flight, 3 minutes; its figures are not for comparison")
+    p.add_argument("--write-profile", action="store_true", help="write the schedule into the profile's YAML file")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_of(FULL, QUICK, args)
+    measuring = MeasuringRun.start(args, plan.mode)
+    result = TuneBench(plan, measuring.profile, **measuring.bench_options).run()
+    json_path = measuring.write(result, markdown)
+    print(result.verdict)
+    schedule = recommended_schedule(result)
+    if args.write_profile and schedule is not None:
+        from kimi_eagle.serve.profile import profile_path, write_schedule
+
+        path = profile_path(args.profile)
+        write_schedule(path, schedule, source=within_checkout(json_path))
+        measuring.console.print(f"wrote the schedule into {path}")
+    print("Profile setting (serve/profiles/<profile>.yaml):")
+    print(profile_setting(result))
+    return 0

@@ -35,6 +35,18 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+class MeasuredKRange(BaseModel):
+    """A kimi-eagle engine's draft tokens for one range of batch sizes, as its `kimi_eagle:measured_k*` gauges
+    said at the end of a run (adapter/measured_k.py)."""
+
+    batch_sizes: str = Field(description="The range, e.g. \"3-4\".")
+    k: int = Field(description="Draft tokens per step in force.")
+    configured: int | None = Field(None, description="The profile's k for the range.")
+    steps: int | None = Field(None, description="Decode steps of the range the engine timed.")
+    speed_ratio: dict[int, float] = Field(default_factory=dict, description="Other k -> its tokens/s over the k in "
+                                                                            "force's, where measured.")
+
+
 class Acceptance(BaseModel):
     """Acceptance over one run, in this project's one definition (module docstring)."""
 
@@ -47,6 +59,9 @@ class Acceptance(BaseModel):
     acceptance_rate: float | None = Field(None, description="Accepted / proposed draft tokens.")
     mean_acceptance_length: float | None = Field(None, description="1 + accepted / verify steps.")
     per_position_acceptance_rate: list[float] | None = Field(None, description="Index i: draft token i accepted.")
+    measured_k: list[MeasuredKRange] | None = Field(
+        None, description="A kimi-eagle engine's k per batch-size range at the end of the run, and the measurement "
+                          "behind it (None: an engine without the measured k).")
     engine_reported: dict[str, float | None] = Field(
         default_factory=dict, description="The engine's own figures as it reports them (other definitions or "
                                           "windows; see `source`), kept for reference, never compared.")

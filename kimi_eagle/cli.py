@@ -9,29 +9,26 @@ from kimi_eagle.processes import collect_garbage_less_often
 
 SUBCOMMAND_MODULES = ("kimi_eagle.serve.cli", "kimi_eagle.doctor.cli", "kimi_eagle.loadtest.cli",
                       "kimi_eagle.serve.sglang_cli", "kimi_eagle.serve.sizing_cli", "kimi_eagle.bench.cli",
-                      "kimi_eagle.vllm_surface")
+                      "kimi_eagle.doctor.vllm_surface")
 # Options whose value is an opaque secret: a generated key starts with '-' one time in 32 (token_urlsafe), and
 # argparse would take `--api-key -x...` for a missing value followed by an unknown flag.
 SECRET_VALUE_OPTIONS = ("--api-key",)
 
 
-EXIT_REFUSED = 2  # bad input or a refused start: the message says what and how to fix it (argparse's own code)
-
-
-def fail(command: str, message: str) -> int:
-    """One line on stderr that names the subcommand and the problem; returns the exit status to give."""
-    print(f"kimi-eagle {command}: {message}", file=sys.stderr)
-    return EXIT_REFUSED
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kimi-eagle", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """`kimi-eagle`'s parser and its subcommands (the docs' check reads every command they show against it)."""
     import importlib
 
+    parser = argparse.ArgumentParser(prog="kimi-eagle", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
     # Each part of the project registers its own subcommands; the order is the order of `--help`.
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
+    return parser, sub
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, sub = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     # Everything after the first `--` belongs to vLLM, untouched by our parser.
     passthrough: list[str] = []

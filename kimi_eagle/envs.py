@@ -34,7 +34,7 @@ BYPASS_RETRY_S = Knob("KIMI_EAGLE_BYPASS_RETRY_S", "300",
                       "seconds between retries of a bypassed draft (one alarm window of drafts each); 0: never retry")
 MEASURED_K = Knob("KIMI_EAGLE_MEASURED_K", "1",
                   "0 keeps the profile's draft tokens per batch size as it is; 1 lets the engine choose k per range of "
-                  "batch sizes from what its decode steps cost (adapter/measured_k.py); `kimi-eagle bench` measures "
+                  "batch sizes from what its decode steps cost (adapter/measured_k.py); the benchmarks measure "
                   "fixed schedules with 0")
 MEASURED_K_PROBE_SHARE = Knob("KIMI_EAGLE_MEASURED_K_PROBE_SHARE", "0.05",
                               "the largest share of a batch-size range's decode steps spent probing another k")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kimi_eagle.cli import fail
+from kimi_eagle.exit_status import fail
 from kimi_eagle.loadtest import serve_bench
 from kimi_eagle.loadtest.engines import ENGINES, EngineError, get_engine
 from kimi_eagle.loadtest.prompts import PromptError, load_prompts

@@ -13,7 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from kimi_eagle.acceptance import Acceptance, per_position_from_histograms, ratio
+from kimi_eagle.acceptance import Acceptance, MeasuredKRange, per_position_from_histograms, ratio
 from kimi_eagle.loadtest.records import RequestRecord
 
 
@@ -199,7 +199,8 @@ class VllmReader(EngineReader):
 
     def keep(self, name: str) -> bool:
         return name.startswith(("vllm:spec_decode", "vllm:time_to_first_token_seconds_", "vllm:generation_tokens",
-                                "vllm:request_success", "vllm:cache_config_info", "vllm:e2e_request_latency_s"))
+                                "vllm:request_success", "vllm:cache_config_info", "vllm:e2e_request_latency_s",
+                                "kimi_eagle:measured_k"))
 
     def server_info(self) -> dict[str, Any] | None:
         response = self._get("/v1/models")
@@ -245,7 +246,27 @@ class VllmReader(EngineReader):
             num_speculative_tokens=len(pos_after) or None,
             acceptance_rate=ratio(accepted, drafted),
             mean_acceptance_length=None if length is None else 1 + length,
-            per_position_acceptance_rate=per_position)
+            per_position_acceptance_rate=per_position,
+            measured_k=measured_k(after))
+
+
+def measured_k(snapshot: EngineSnapshot) -> list[MeasuredKRange] | None:
+    """A kimi-eagle engine's k per batch-size range from its `kimi_eagle:measured_k*` gauges; None without them."""
+    in_force = snapshot.by_label("kimi_eagle:measured_k", "batch_sizes")
+    if not in_force:
+        return None
+    configured = snapshot.by_label("kimi_eagle:measured_k_configured", "batch_sizes")
+    steps = snapshot.by_label("kimi_eagle:measured_k_steps", "batch_sizes")
+    ranges = []
+    for name in sorted(in_force, key=lambda n: int(n.split("-")[0])):
+        ratios = {int(s.labels["k"]): s.value for s in snapshot.samples
+                  if s.name == "kimi_eagle:measured_k_speed_ratio" and s.labels.get("batch_sizes") == name}
+        k = round(in_force[name])
+        ranges.append(MeasuredKRange(
+            batch_sizes=name, k=k, configured=round(configured[name]) if name in configured else None,
+            steps=round(steps[name]) if name in steps else None,
+            speed_ratio={other: ratio for other, ratio in sorted(ratios.items()) if other != k}))
+    return ranges
 
 
 def sglang_num_speculative_tokens(server_info: dict[str, Any] | None) -> int | None:

@@ -177,8 +177,9 @@ def acceptance_lines(s: RunSummary) -> list[str]:
              f"{_fmt(a.num_speculative_tokens)}",
              f"- {_fmt(a.num_verify_steps)} verify steps, {_fmt(a.num_draft_tokens)} draft tokens proposed, "
              f"{_fmt(a.num_accepted_tokens)} accepted",
-             f"- k in force over the run: {_k_in_force(a)} draft tokens per verify step (a kimi-eagle engine picks k "
-             "per batch-size range from its own step times: its log's `measured k` lines)",
+             f"- k in force over the run: {_k_in_force(a)} draft tokens per verify step on average",
+             "- the engine's measured k at the end (per batch-size range: k in force, the profile's, and the other "
+             "ks' tokens/s over it as measured): " + _measured_k(a),
              "- per position: " + (", ".join(f"{i}: {r:.3f}" for i, r in enumerate(a.per_position_acceptance_rate))
                                    if a.per_position_acceptance_rate else "not exposed"),
              f"- derived from: {a.source}"]
@@ -203,6 +204,14 @@ def sweep_markdown(points: list[RunSummary], folders: list[str]) -> str:
                      f" | {_fmt(p.tpot_ms.p50 if p.tpot_ms else None, 2)} | {_fmt(acc, 3)} | `{folder}` |")
     lines += ["", "![throughput vs concurrency](throughput.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _measured_k(a) -> str:
+    if not a.measured_k:
+        return "not exposed (an engine without kimi-eagle's measured k, or KIMI_EAGLE_MEASURED_K=0)"
+    return "; ".join(
+        f"{r.batch_sizes}: k={r.k} (profile {_fmt(r.configured)}, {_fmt(r.steps)} steps timed"
+        + "".join(f", k={k} {v:.2f}x" for k, v in r.speed_ratio.items()) + ")" for r in a.measured_k)
 
 
 def _k_in_force(a) -> str:

@@ -145,7 +145,7 @@ def from_run(summary: RunSummary, records: list[RequestRecord]) -> ServeBenchRes
 
 def from_batches(*, label: str, model: str, concurrency: int, seconds: float, requests: int, input_tokens: int,
                  output_tokens: int, latencies_ms: list[float], acceptance: Acceptance | None) -> ServeBenchResult:
-    """Batches of non-streamed completions, `concurrency` in flight (`kimi-eagle bench`): no TTFT, TPOT or ITL
+    """Batches of non-streamed completions, `concurrency` in flight (`kimi-eagle bench speedup`): no TTFT, TPOT or ITL
     without a stream, so those are null; `duration` is the batches' time summed."""
     return ServeBenchResult.model_validate({
         "date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "label": label, "model_id": model,

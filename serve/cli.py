@@ -9,10 +9,10 @@ from pathlib import Path
 
 from kimi_eagle.adapter import compat
 from kimi_eagle.adapter.compat import UNGUARDED_FLAG
-from kimi_eagle.cli import fail
 from kimi_eagle.cpu_kernels import kernel_report
+from kimi_eagle.exit_status import fail
 from kimi_eagle.serve.command import CommandError, ServeCommand, build_command
-from kimi_eagle.serve.launch import ServerStartError, serve_in_foreground
+from kimi_eagle.serve.launch import ServerStartError, build_fixture_weights, serve_in_foreground
 from kimi_eagle.serve.profile import DEFAULT_PROFILE, ProfileError, available_profiles, load_profile
 from kimi_eagle.serve.validate import validate_with_vllm
 
@@ -79,6 +79,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"kimi-eagle serve: {UNGUARDED_FLAG}: serving the draft with every guard and fix off",
               file=sys.stderr, flush=True)
 
+    build_fixture_weights(command)  # the real-width fixture pair, on its first use (minutes)
     # The files first: seconds, and nothing is started when they are wrong.
     if not preflight(command):
         return fail("serve", "pre-flight found problems that would make the served pair fail or run crippled (above); "
@@ -128,11 +129,15 @@ def vllm_refusal(command: ServeCommand) -> str | None:
 
 
 def add_fixtures_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fixtures", help="the tiny Kimi-K2.5 model pair shipped with the project")
+    p = sub.add_parser("fixtures", help="the tiny Kimi-K2.5 model pair shipped with the project, and its lift to "
+                                        "Kimi-K2.5's real widths")
     p.add_argument("--where", action="store_true", help="print target=DIR and draft=DIR")
     p.add_argument("--rebuild", action="store_true",
                    help="train the pair again from the local corpus (about an hour on 2 cores)")
     p.add_argument("--work", type=Path, default=Path(".fixtures-work"), help="scratch folder for --rebuild")
+    p.add_argument("--real-width", action="store_true",
+                   help="the tiny pair lifted to Kimi-K2.5's widths (hidden 7168, vocabulary 163840, fc 21504 -> "
+                        "7168): built on this machine on first use (about 13 GB, a few minutes), then reused")
     p.set_defaults(handler=run_fixtures)
 
 
@@ -143,6 +148,12 @@ def run_fixtures(args: argparse.Namespace) -> int:
         from kimi_eagle.fixtures.build import rebuild
 
         rebuild(args.work)
+    if args.real_width:
+        from kimi_eagle.fixtures.real_width import ensure_built
+
+        built = ensure_built()
+        print(f"target={built.target}\ndraft={built.draft}")
+        return 0
     if args.where or not args.rebuild:
         missing = [str(d) for d in (TARGET_DIR, DRAFT_DIR) if not (d / "model.safetensors").is_file()]
         if missing:

@@ -1,7 +1,7 @@
 """A profile's core binding, kept inside the CPUs the server may use.
 
 A profile can name the cores vLLM binds its worker's OpenMP threads to (`VLLM_CPU_OMP_THREADS_BIND`, "0-1": both
-cores of a 2-core machine; `bench --configs` measures such a layout). vLLM binds exactly what it is told, also cores
+cores of a 2-core machine; `bench configs` measures such a layout). vLLM binds exactly what it is told, also cores
 outside the share the server was started in (`taskset`, a container's cpuset, a job scheduler's slice; vLLM's own
 "auto" stays inside it): the worker's threads then spin on cores that other work owns, and both crawl (a second
 server started beside a loaded one on 2 cores, both bound to "0-1", was not ready after 600 s). So a binding is

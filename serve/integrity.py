@@ -9,20 +9,20 @@ holds only those is refused, since unpickling runs code from the file.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from kimi_eagle.checks.checkpoint import (
-    DTYPE_BYTES,
     FLOAT_DTYPES,
     INDEX_NAME,
     PICKLE_SUFFIXES,
     CheckpointError,
-    read_raw_header,
-    shard_names,
-    tensor_entries,
+    header_length,
+    indexed_shards,
+    read_config,
+    read_header,
+    span_problem,
 )
 
 # Integer tensors a float checkpoint may hold on purpose: the EAGLE-3 vocabulary maps.
@@ -40,48 +40,26 @@ class WeightFileProblem(BaseModel):
         return f"{self.path}: {self.problem}. Fix: {self.fix}"
 
 
-def _raw_header(path: Path) -> tuple[int, dict] | None:
+def _tensors(path: Path) -> dict | None:
     try:
-        return read_raw_header(path)
+        return read_header(path)
     except (CheckpointError, OSError):
         return None
 
 
 def _expected_size(path: Path) -> tuple[int, int] | None:
     """(bytes the header says the file has, bytes it has), or None when the header itself is unreadable."""
-    read = _raw_header(path)
-    if read is None:
+    tensors = _tensors(path)
+    if tensors is None or any(t.span is None for t in tensors.values()):
         return None
-    length, header = read
-    try:
-        ends = [entry["data_offsets"][1] for entry in tensor_entries(header).values()]
-    except (KeyError, TypeError, IndexError):
-        return None
-    return 8 + length + max(ends, default=0), path.stat().st_size
-
-
-def _header_end(path: Path) -> int | None:
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-    return 8 + int.from_bytes(prefix, "little") if len(prefix) == 8 else None
+    return max((t.span[1] for t in tensors.values()), default=8 + header_length(path)), path.stat().st_size
 
 
 def _mislabelled_tensor(path: Path) -> str | None:
     """The first tensor whose byte span does not match its dtype and shape (a changed dtype in the header)."""
-    read = _raw_header(path)
-    for name, entry in tensor_entries(read[1]).items() if read else []:
-        if not isinstance(entry, dict):
-            continue
-        numel = 1
-        for dim in entry.get("shape", []):
-            numel *= dim
-        begin, end = entry.get("data_offsets", [0, 0])
-        itemsize = DTYPE_BYTES.get(entry.get("dtype"))
-        if itemsize is None:
-            return f"{name} has dtype {entry.get('dtype')!r}, which safetensors does not know"
-        if end - begin != numel * itemsize:
-            return (f"{name} is labelled {entry['dtype']} {entry.get('shape')} ({numel * itemsize} bytes) but spans "
-                    f"{end - begin} bytes")
+    for info in (_tensors(path) or {}).values():
+        if problem := span_problem(info):
+            return problem
     return None
 
 
@@ -104,10 +82,10 @@ def check_safetensors_file(path: Path) -> WeightFileProblem | None:
     if sizes is not None and sizes[1] > sizes[0]:
         return WeightFileProblem(path=str(path), fix=fix, problem=(
             f"{sizes[1] - sizes[0]} unexpected bytes after the last tensor (the header describes {sizes[0]})"))
-    header_end = _header_end(path)
-    if header_end is not None and header_end > path.stat().st_size:
+    length = header_length(path)
+    if length is not None and 8 + length > path.stat().st_size:
         return WeightFileProblem(path=str(path), fix=fix, problem=(
-            f"truncated inside its header: the header alone needs {header_end} bytes, the file has "
+            f"truncated inside its header: the header alone needs {8 + length} bytes, the file has "
             f"{path.stat().st_size}"))
     mislabelled = _mislabelled_tensor(path)
     if mislabelled:
@@ -121,12 +99,12 @@ def _integer_weights(path: Path, config: dict) -> WeightFileProblem | None:
     """A float model whose weight is stored as an integer type: the engine would cast it into garbage."""
     if config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config"):
         return None  # quantized checkpoints hold packed integers on purpose
-    for name, entry in tensor_entries(read_raw_header(path)[1]).items():
+    for name, info in read_header(path).items():
         if name.rsplit(".", 1)[-1] in INTEGER_NAMES:
             continue
-        if name.endswith((".weight", ".bias")) and entry["dtype"] not in FLOAT_DTYPES:
+        if name.endswith((".weight", ".bias")) and info.dtype not in FLOAT_DTYPES:
             return WeightFileProblem(path=str(path), problem=(
-                f"{name} is stored as {entry['dtype']} in a checkpoint without a quantization_config"),
+                f"{name} is stored as {info.dtype} in a checkpoint without a quantization_config"),
                 fix="re-export the weights in a float dtype (BF16/F16/F32)")
     return None
 
@@ -136,15 +114,14 @@ def _weight_files(folder: Path) -> tuple[list[Path], list[WeightFileProblem]]:
     if not index.is_file():
         return sorted(folder.glob("*.safetensors")), []
     try:
-        names = shard_names(index)
+        files, missing = indexed_shards(index)
     except CheckpointError as exc:
         return [], [WeightFileProblem(path=str(index), problem=str(exc).removeprefix(f"{index} has "),
                                       fix="copy or download the index file again")]
-    missing = [n for n in names if not (folder / n).is_file()]
     problems = [WeightFileProblem(path=str(index), problem=f"names {len(missing)} shard(s) that are missing, e.g. "
                                   f"{missing[0]}", fix="the copy or download is incomplete: fetch the missing shards")
                 ] if missing else []
-    return [folder / n for n in names if n not in missing], problems
+    return files, problems
 
 
 def check_weight_folder(folder: str | Path) -> list[WeightFileProblem]:
@@ -161,14 +138,13 @@ def check_weight_folder(folder: str | Path) -> list[WeightFileProblem]:
         return [WeightFileProblem(path=str(folder), problem=problem, fix=(
             "convert the checkpoint to safetensors (kimi-eagle never unpickles weights: loading a pickle runs "
             "code from the file)" if pickles else "give the folder that holds the model's .safetensors files"))]
-    config_path = folder / "config.json"
     try:
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    except ValueError:
+        config = read_config(folder)
+    except CheckpointError:
         config = {}  # the config checks report this; here only the weights matter
     for path in files:
         problem = check_safetensors_file(path)
-        if problem is None and isinstance(config, dict):
+        if problem is None:
             problem = _integer_weights(path, config)
         if problem is not None:
             problems.append(problem)

@@ -31,6 +31,7 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
     """Start the server in the background, its output to `log_path` (added to the end with `append`: a restart),
     and with `echo` to our stderr as well, as it comes; with `held` too, from `process.tee.show()` on (what came
     before is shown then)."""
+    build_fixture_weights(command)
     try:
         env, binding_note = fit_to_allowed({**os.environ, **command.env})
     except CpuBindingError as exc:
@@ -49,6 +50,13 @@ def start(command: ServeCommand, log_path: Path | None = None, append: bool = Fa
         process.tee = _Tee(process.stdout, out, held=held)
         process.tee.start()
     return process
+
+
+def build_fixture_weights(command: ServeCommand) -> None:
+    """The real-width fixture pair's weights are built on first use, before the first engine that loads them."""
+    from kimi_eagle.fixtures.real_width import build_for
+
+    build_for(command.target, command.draft)
 
 
 class _Tee(threading.Thread):

@@ -24,7 +24,7 @@ class Speculative(BaseModel):
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(
         None, description="vLLM's dynamic speculation schedule: [[first, last, k], ...] inclusive batch-size ranges, "
                           "the first starting at 1, k <= num_speculative_tokens and 0 where speculation loses; "
-                          "measured by `kimi-eagle bench --tune`. Passed in --speculative-config; --dry-run "
+                          "measured by `kimi-eagle bench tune`. Passed in --speculative-config; --dry-run "
                           "checks it with vLLM's own code.")
     per_request_metrics: Literal["none", "summary", "detailed"] = Field(
         "none", description="vLLM's --per-request-spec-decode-metrics: each response carries its own acceptance "
@@ -95,20 +95,28 @@ def write_schedule(path: Path, schedule: list[tuple[int, int, int]], source: str
         raise ProfileError(f"{path}: no `speculative.num_speculative_tokens` line to put the schedule under")
     indent = lines[k_line][: len(lines[k_line]) - len(lines[k_line].lstrip())]
     lines[k_line] = f"{indent}num_speculative_tokens: {max(k for _, _, k in schedule)}"
-    lines[k_line + 1:k_line + 1] = [f"{indent}# {SCHEDULE_KEY} measured by `kimi-eagle bench --tune` ({source})",
+    lines[k_line + 1:k_line + 1] = [f"{indent}# {SCHEDULE_KEY} measured by `kimi-eagle bench tune` ({source})",
                                     f"{indent}{SCHEDULE_KEY}: {[list(r) for r in schedule]}"]
     path.write_text("\n".join(lines) + "\n")
     load_profile(str(path))  # what was written must load
 
 
 def resolve_model_path(ref: str) -> str:
-    """`fixture:target` / `fixture:draft` -> the shipped tiny pair; anything else is used as given."""
+    """`fixture:target` / `fixture:draft` -> the shipped tiny pair; `fixture:real-width-target` / `-draft` -> the tiny
+    pair lifted to Kimi-K2.5's widths, built on this machine (here only its configs: the weights, about 13 GB, are
+    built before an engine starts, `kimi_eagle.fixtures.real_width.build_for`); anything else is used as given."""
     if not ref.startswith(FIXTURE_PREFIX):
         return ref
     from kimi_eagle.fixtures.pair_spec import DRAFT_DIR, TARGET_DIR
 
-    paths = {"target": TARGET_DIR, "draft": DRAFT_DIR}
     which = ref.removeprefix(FIXTURE_PREFIX)
+    if which in ("real-width-target", "real-width-draft"):
+        from kimi_eagle.fixtures import real_width
+
+        built = real_width.configs()
+        return str(built.target if which == "real-width-target" else built.draft)
+    paths = {"target": TARGET_DIR, "draft": DRAFT_DIR}
     if which not in paths:
-        raise ProfileError(f"unknown fixture {ref!r}: use fixture:target or fixture:draft")
+        raise ProfileError(f"unknown fixture {ref!r}: use fixture:target, fixture:draft, fixture:real-width-target "
+                           "or fixture:real-width-draft")
     return str(paths[which])

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from kimi_eagle.cli import fail
+from kimi_eagle.exit_status import fail
 from kimi_eagle.serve.cli import add_pair_options
 from kimi_eagle.serve.command import ServeCommand
 from kimi_eagle.serve.profile import ProfileError, load_profile

@@ -1,7 +1,9 @@
-"""Read what a checkpoint folder holds without reading its data: config.json and safetensors headers.
+"""The one reader of a checkpoint folder: config.json, the `model.safetensors.index.json` weight map, the
+8-byte-length-prefixed JSON header of each safetensors file, and a tensor's bytes where a check needs its values.
+Used by the checks, doctor, serve's pre-flight (serve/integrity.py) and the plugin alike.
 
-A Kimi-K2.5 target is 64 shards and about 554 GB: everything about it comes from `config.json`, the
-`model.safetensors.index.json` weight map and the 8-byte-length-prefixed JSON header of each shard.
+A Kimi-K2.5 target is 64 shards and 595 GB: everything about it comes from its config, index and headers, and no
+value of it is read. A draft's values are read with plain reads, piece by piece where the tensor is large.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ FLOAT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F16", "BF16", "F32", "F64"})
 
 
 class CheckpointError(ValueError):
-    """A folder that cannot be read as a checkpoint; the message names the file and the fix."""
+    """A folder that cannot be read as a checkpoint: the message names the file and the problem, `fix` what to do."""
+
+    def __init__(self, message: str, fix: str = "check the folder: give the folder of a complete saved checkpoint"):
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ class Checkpoint:
 def read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{folder} has no config.json: give the folder of a saved checkpoint")
+        raise CheckpointError(f"{folder} has no config.json: give the folder of a saved checkpoint",
+                              fix="give the folder of a saved checkpoint")
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -61,17 +68,27 @@ def read_config(folder: Path) -> dict:
     return config
 
 
+def header_length(path: Path) -> int | None:
+    """The length of a .safetensors file's JSON header, as its first 8 bytes say; None when it has fewer."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+    return struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+
+
 def read_raw_header(path: Path) -> tuple[int, dict[str, Any]]:
     """(the header's length in bytes, the header as JSON: name -> dtype, shape, data_offsets, and `__metadata__`)
     of one .safetensors file, read from its first bytes only."""
+    length = header_length(path)
+    if length is None:
+        raise CheckpointError(f"{path} is too short to be a safetensors file")
+    if length > MAX_HEADER_BYTES:
+        raise CheckpointError(f"{path}: header length {length} is not plausible: not a safetensors file?")
     with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path} is too short to be a safetensors file")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > MAX_HEADER_BYTES:
-            raise CheckpointError(f"{path}: header length {length} is not plausible: not a safetensors file?")
+        f.seek(8)
         raw = f.read(length)
+    if len(raw) < length:
+        raise CheckpointError(f"{path}: truncated inside its header (the header alone needs {8 + length} bytes, the "
+                              f"file has {8 + len(raw)})", fix="copy or download the file again")
     try:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -88,7 +105,7 @@ def tensor_entries(header: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _span(data_start: int, entry: dict[str, Any]) -> tuple[int, int] | None:
     offsets = entry.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+    if type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int or type(offsets[1]) is not int:
         return None  # the weight-file checks name a broken header; the span is only needed to compare copies
     return data_start + offsets[0], data_start + offsets[1]
 
@@ -96,8 +113,16 @@ def _span(data_start: int, entry: dict[str, Any]) -> tuple[int, int] | None:
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """The tensor table of one .safetensors file, read from its header only."""
     length, header = read_raw_header(path)
-    return {name: TensorInfo(name, tuple(entry["shape"]), entry["dtype"], path, _span(8 + length, entry))
-            for name, entry in tensor_entries(header).items()}
+    tensors = {}
+    for name, entry in tensor_entries(header).items():
+        try:
+            tensors[name] = TensorInfo(name, tuple(map(int, entry["shape"])), str(entry["dtype"]), path,
+                                       _span(8 + length, entry))
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: the header's entry for {name} is not a tensor's (dtype, shape, "
+                                  "data_offsets)", fix="the file was written by a broken exporter: re-export it") \
+                from None
+    return tensors
 
 
 def read_weight_map(index: Path) -> dict[str, str]:
@@ -116,22 +141,35 @@ def shard_names(index: Path) -> list[str]:
     return sorted(set(read_weight_map(index).values()))
 
 
+def indexed_shards(index: Path, weight_map: dict[str, str] | None = None) -> tuple[list[Path], list[str]]:
+    """(the files an index names that are in its folder, the names of those that are not). `weight_map`: the
+    index's, when the caller has read it (a Kimi-K2.5 index is 20 MB of JSON)."""
+    names = sorted(set((read_weight_map(index) if weight_map is None else weight_map).values()))
+    return [index.parent / n for n in names if (index.parent / n).is_file()], \
+        [n for n in names if not (index.parent / n).is_file()]
+
+
+def missing_shards_error(index: Path, missing: list[str]) -> CheckpointError:
+    shown = ", ".join(missing[:4]) + (f" ... and {len(missing) - 4} more" if len(missing) > 4 else "")
+    return CheckpointError(f"{index} names {len(missing)} shard file(s) that are not in {index.parent}: {shown}",
+                           fix="the copy or download is incomplete: fetch the missing shard(s) (or, if the index "
+                               "is the stale one, the index of these shards)")
+
+
 def read_order(path: Path) -> list[int | str]:
     """vLLM 0.32's order of reading a checkpoint's files: by file name, runs of digits compared as numbers
     (`_natural_sort_key`, applied by `safetensors_weights_iterator` in model_loader/weight_utils.py)."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
 
 
-def safetensors_files(folder: Path) -> list[Path]:
+def safetensors_files(folder: Path, weight_map: dict[str, str] | None = None) -> list[Path]:
     """The files vLLM 0.32 reads, in the order it reads them: with an index, the files it names (vLLM drops the
     others, `filter_duplicate_safetensors_files`); without one, every *.safetensors of the folder."""
     index = folder / INDEX_NAME
     if index.is_file():
-        files = [folder / name for name in shard_names(index)]
-        missing = [p.name for p in files if not p.is_file()]
+        files, missing = indexed_shards(index, weight_map)
         if missing:
-            raise CheckpointError(f"{index} names {len(missing)} missing shard(s), e.g. {missing[0]}: "
-                                  "the download is incomplete")
+            raise missing_shards_error(index, missing)
         return sorted(files, key=read_order)
     return sorted(folder.glob("*.safetensors"), key=read_order)
 
@@ -139,12 +177,12 @@ def safetensors_files(folder: Path) -> list[Path]:
 def open_checkpoint(folder: Path) -> Checkpoint:
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a folder")
+        raise CheckpointError(f"{folder} is not a folder", fix="give the path of the checkpoint's folder")
     checkpoint = Checkpoint(folder=folder, config=read_config(folder))
     index = folder / INDEX_NAME
     if index.is_file():
         checkpoint.weight_map = read_weight_map(index)
-    for path in safetensors_files(folder):
+    for path in safetensors_files(folder, checkpoint.weight_map):
         for name, info in read_header(path).items():
             if name in checkpoint.tensors:
                 checkpoint.copies.setdefault(name, [checkpoint.tensors[name]]).append(info)
@@ -181,17 +219,94 @@ def same_bytes(a: TensorInfo, b: TensorInfo) -> bool:
     return True
 
 
-def load_numpy(info: TensorInfo):
-    """One integer or boolean tensor as a numpy array (d2t, t2d): no torch needed."""
-    from safetensors import safe_open
+# numpy's names of the safetensors dtypes it has (BF16 and F8 have none: torch reads those)
+NUMPY_DTYPES = {"BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4",
+                "I64": "<i8", "U64": "<u8", "F16": "<f2", "F32": "<f4", "F64": "<f8"}
+TORCH_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+                "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16",
+                "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+READ_BYTES = 32 * 1024 * 1024  # the most `iter_chunks` holds at once
 
-    with safe_open(str(info.file), framework="numpy") as f:
-        return f.get_tensor(info.name)
+
+def numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def span_problem(info: TensorInfo) -> str | None:
+    """What makes a header's entry unreadable as it stands (a dtype edited, offsets that do not fit), or None."""
+    itemsize = DTYPE_BYTES.get(info.dtype)
+    if itemsize is None:
+        return f"{info.name} has dtype {info.dtype!r}, which safetensors does not know"
+    if info.span is None:
+        return f"{info.name} has no valid data_offsets"
+    begin, end = info.span
+    if end - begin != numel(info.shape) * itemsize:
+        return (f"{info.name} is labelled {info.dtype} {list(info.shape)} ({numel(info.shape) * itemsize} bytes) but "
+                f"spans {end - begin} bytes")
+    return None
+
+
+def data_span(info: TensorInfo) -> tuple[int, int]:
+    """Where `info`'s bytes lie in its file, checked against its dtype, shape and the file's size: the checks
+    safetensors' `safe_open` makes, named for this tensor."""
+    if problem := span_problem(info):
+        raise CheckpointError(f"inconsistent header: {problem}")
+    begin, end = info.span
+    size = info.file.stat().st_size
+    if end > size:
+        raise CheckpointError(f"truncated: {info.name} ends at byte {end}, the file has {size}")
+    return begin, end
+
+
+def iter_chunks(info: TensorInfo, max_bytes: int = READ_BYTES):
+    """`info`'s bytes, read from its file in pieces of whole elements (at most `max_bytes`), each a numpy uint8
+    array over one buffer that the next piece overwrites. Plain reads, not a memory map: a 2.3 GB embedding scanned
+    this way never counts in the process's memory."""
+    import numpy as np
+
+    begin, end = data_span(info)
+    itemsize = DTYPE_BYTES[info.dtype]
+    step = max(itemsize, max_bytes // itemsize * itemsize)
+    buffer = np.empty(min(step, end - begin), dtype=np.uint8)
+    with open(info.file, "rb", buffering=0) as f:
+        f.seek(begin)
+        while begin < end:
+            piece = buffer[: min(step, end - begin)]
+            if f.readinto(piece) != len(piece):
+                raise CheckpointError(f"truncated: {info.name} is cut short at byte {f.tell()}")
+            begin += len(piece)
+            yield piece
+
+
+def _read_whole(info: TensorInfo):
+    import numpy as np
+
+    begin, end = data_span(info)
+    data = np.empty(end - begin, dtype=np.uint8)
+    with open(info.file, "rb", buffering=0) as f:
+        f.seek(begin)
+        if f.readinto(data) != len(data):
+            raise CheckpointError(f"truncated: {info.name} is cut short")
+    return data
+
+
+def load_numpy(info: TensorInfo):
+    """One tensor of a dtype numpy has (d2t, t2d) as a numpy array: no torch needed."""
+    if info.dtype not in NUMPY_DTYPES:
+        raise CheckpointError(f"{info.name}: numpy has no {info.dtype}")
+    return _read_whole(info).view(NUMPY_DTYPES[info.dtype]).reshape(info.shape)
+
+
+def torch_view(info: TensorInfo, raw):
+    """A piece of `info`'s bytes (from `iter_chunks`) as a flat torch tensor of its dtype, sharing the memory."""
+    import torch
+
+    return torch.from_numpy(raw).view(getattr(torch, TORCH_DTYPES[info.dtype]))
 
 
 def load_torch(info: TensorInfo):
-    """One tensor through torch (bf16 weights). Imported here: the checks must not need torch to import."""
-    from safetensors import safe_open
-
-    with safe_open(str(info.file), framework="pt") as f:
-        return f.get_tensor(info.name)
+    """One tensor, whole, through torch (bf16 weights). Imported here: the checks must not need torch to import."""
+    return torch_view(info, _read_whole(info)).reshape(info.shape)

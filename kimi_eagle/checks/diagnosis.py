@@ -142,7 +142,8 @@ def describe_layout(spec: DraftSpec, draft: Checkpoint) -> str:
 
 def _target_unreadable(exc: Exception) -> Finding:
     return finding("target-unreadable", Severity.REFUSAL, "the target cannot be read", str(exc),
-                   "a checkpoint folder with config.json", "fix the path")
+                   "a checkpoint folder: config.json, and every weight file its index names",
+                   getattr(exc, "fix", "fix the path"))
 
 
 def check_target_alone(target_dir: Path) -> list[Finding]:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import difflib
 from collections import defaultdict
 
-from safetensors import SafetensorError
-
 from kimi_eagle.checks import engines as eng
-from kimi_eagle.checks.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, load_numpy, same_bytes
+from kimi_eagle.checks.checkpoint import INDEX_NAME, Checkpoint, CheckpointError, TensorInfo, load_numpy, same_bytes
 from kimi_eagle.checks.findings import Finding, Severity, finding, listing
 from kimi_eagle.checks.layout import (
     MLA_DRAFT_ARCHITECTURES,
@@ -304,7 +302,7 @@ def _load_vocab_map(info: TensorInfo, out: list[Finding]):
     (truncated, header edited): a damaged file is a finding, not a traceback."""
     try:
         return load_numpy(info)
-    except (SafetensorError, OSError) as exc:
+    except (CheckpointError, OSError) as exc:
         out.append(finding("weights-unreadable", Severity.REFUSAL, f"{info.name} cannot be read",
                            f"{info.file.name}: {exc}", "a complete safetensors file",
                            "the file is truncated or corrupt: download or export it again"))

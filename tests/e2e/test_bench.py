@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --quick` for real: two vLLM servers, real requests, real Locust, real files. It proves the
+"""`kimi-eagle bench MODE --quick` for real: two vLLM servers, real requests, real Locust, real files. It proves the
 benchmark still runs end to end and that its figures hang together; it asserts nothing about speed."""
 
 
@@ -26,12 +26,12 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
         if not needed.exists():
             pytest.fail(f"{needed} is missing: build the tiny pair first (`kimi-eagle fixtures --rebuild`)")
     # The exactness profile: its outputs are compared token for token below (and its graphs are the session's).
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--quick", "--out", str(tmp_path),
-                           "--profile", EXACT_PROFILE], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "speedup", "--quick", "--out",
+                           str(tmp_path), "--profile", EXACT_PROFILE], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("quick-*.json")
     result = BenchResult.model_validate_json(json_path.read_text())
-    assert result.command == f"kimi-eagle bench --quick --out {tmp_path} --profile {EXACT_PROFILE}"
+    assert result.command == f"kimi-eagle bench speedup --quick --out {tmp_path} --profile {EXACT_PROFILE}"
     assert result.machine.cpus >= 1 and result.machine.cpu_model
 
     held = {p.concurrency: p for p in result.throughput if p.workload == "held-out"}
@@ -87,7 +87,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
 def test_quick_configs_benchmark_serves_the_default_layout_streamed_and_not(tmp_path: Path) -> None:
     """The two bfloat16 configurations with the worker inside the engine core (the default profile and its target
     alone), one server at a time, a streamed and a non-streamed load each."""
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--configs", "--quick", "--out",
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "configs", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("configs-quick-*.json")
@@ -107,7 +107,7 @@ def test_quick_configs_benchmark_serves_the_default_layout_streamed_and_not(tmp_
 
 
 def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
-    """`bench --tune --quick`: the sweep, a schedule made of it, the tuned server measured beside the others, and a
+    """`bench tune --quick`: the sweep, a schedule made of it, the tuned server measured beside the others, and a
     load across the schedule's boundary; the schedule the run wrote into a copy of the profile loads."""
     from kimi_eagle.bench.tune import QUICK as TUNE_QUICK
     from kimi_eagle.bench.tune import TuneResult, recommended_schedule
@@ -118,7 +118,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
     # The prompts the draft predicts best: on the held-out ones, one quick round on one core often found no k faster
     # than the target alone, and the run stopped after the sweep, with the schedule, its proof and the profile
     # written never reached (three runs of the suite of four on 2026-12-05).
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--tune", "--quick", "--out",
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "tune", "--quick", "--out",
                            str(tmp_path), "--profile", str(profile), "--write-profile",
                            "--prompts", str(PREDICTABLE_PROMPTS_FILE)],
                           capture_output=True, text=True, timeout=1200)
@@ -152,7 +152,7 @@ def test_quick_tune_measures_a_schedule_and_serves_it(tmp_path: Path) -> None:
 def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
     from kimi_eagle.bench.bypass import CONFIGS, BypassResult
 
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--bypass", "--quick", "--out",
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "bypass", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("bypass-quick-*.json")
@@ -168,7 +168,7 @@ def test_quick_bypass_benchmark_trips_the_fail_safe(tmp_path: Path) -> None:
 
 
 def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path) -> None:
-    """`bench --startup --quick`: `kimi-eagle serve` twice on an empty compile cache of its own; the second start
+    """`bench startup --quick`: `kimi-eagle serve` twice on an empty compile cache of its own; the second start
     loads the target's graph the first compiled, is the faster, and answers as the first did (the loaded graph
     computes what the compiled one did). Its cache links the inductor kernels of the suite's servers (the quick
     plan), so the first start traces and saves every graph but compiles only kernels no server compiled before.
@@ -176,7 +176,7 @@ def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path
     relative too."""
     from kimi_eagle.bench import startup
 
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--startup", "--quick", "--out",
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "startup", "--quick", "--out",
                            "results"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
     [json_path] = (tmp_path / "results").glob("startup-quick-*.json")
@@ -193,7 +193,7 @@ def test_quick_startup_benchmark_times_a_first_and_a_second_start(tmp_path: Path
 
 
 def test_quick_guidellm_benchmark_puts_both_tools_side_by_side(tmp_path: Path) -> None:
-    """`bench --guidellm --quick`: GuideLLM (the optional peer, `make guidellm`) and the load test on the profile and
+    """`bench guidellm --quick`: GuideLLM (the optional peer, `make guidellm`) and the load test on the profile and
     on --no-draft, each row read back from the tools' own files."""
     from kimi_eagle.bench import guidellm
 
@@ -201,7 +201,7 @@ def test_quick_guidellm_benchmark_puts_both_tools_side_by_side(tmp_path: Path) -
         guidellm.find_guidellm()
     except guidellm.GuideLLMMissingError as exc:
         pytest.skip(f"optional: {exc}")
-    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "--guidellm", "--quick", "--out",
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle.cli", "bench", "guidellm", "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, exit_message(done)
     [json_path] = tmp_path.glob("guidellm-quick-*.json")

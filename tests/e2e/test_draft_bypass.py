@@ -33,7 +33,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 @pytest.fixture(scope="module")
 def random_draft_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("random-draft")
-    draft = random_draft(DRAFT_DIR, tmp / "draft")  # the one `bench --bypass` serves
+    draft = random_draft(DRAFT_DIR, tmp / "draft")  # the one `bench bypass` serves
     command = build_command(load_profile(EXACT_PROFILE), draft=str(draft), port=free_port())
     command.env[envs.BYPASS_RETRY_S.name] = str(RETRY_S)
     log = tmp / "server.log"

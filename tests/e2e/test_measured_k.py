@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from kimi_eagle import envs
+from kimi_eagle.loadtest.engines import VllmReader, measured_k
 from kimi_eagle.processes import free_port
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.launch import running_server
@@ -63,3 +64,11 @@ def test_the_engine_stops_drafting_where_drafting_costs(slow_draft_server: Serve
     assert switch["k"] in {"0", "1", "2"} and "paired probes" in switch["why"], switch.group(0)
     assert greedy_ids(slow_draft_server.url, slow_draft_server.model) == greedy_ids(default_plain_server.url,
                                                                                     default_plain_server.model)
+    # /metrics (the API server's process) shows what the engine core chose, and the measurement behind it, as
+    # `kimi-eagle loadtest` reads it.
+    ranges = {r.batch_sizes: r for r in measured_k(VllmReader(slow_draft_server.url).snapshot()) or []}
+    assert set(ranges) == {"1", "2", "3-4", "5-8", "9-16"}, ranges
+    chosen = ranges[switch["range"]]
+    assert chosen.k == int(switch["k"]) and chosen.configured == 4 and chosen.steps and chosen.steps > 0, chosen
+    assert 4 in chosen.speed_ratio or not chosen.speed_ratio, chosen  # measured against the new k, or not yet
+    assert ranges["9-16"].k == 4 and not ranges["9-16"].steps  # never that many in flight: the profile's k

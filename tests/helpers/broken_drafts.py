@@ -1,8 +1,10 @@
 """Build broken variants of the fixture draft (one fault each) and header-only Kimi-K2.5-sized checkpoints.
 
 Each fault is a function that edits a copy of the draft's config and tensors; `build(name, out)` writes the
-result as a speculators-format folder. Header-only checkpoints carry real shapes with no data behind them:
-anything that tries to read their values fails, so a check that passes on them read headers only.
+result as a speculators-format folder. A fault takes its sizes from the config and the tensors, so that the same
+fault applies to a draft of Kimi-K2.5's real width (tests/helpers/real_kimi.py). Header-only checkpoints carry
+real shapes with no data behind them: anything that tries to read their values fails, so a check that passes on
+them read headers only.
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ def draft_without(out: Path, *tensor_names: str) -> Path:
     return write_draft(out, config, {k: v for k, v in tensors.items() if k not in tensor_names})
 
 
+def _hidden(config: dict) -> int:
+    """The draft's hidden size (the target's too, for these drafts): faults read it from the config, so that each
+    applies at any width (tests/helpers/real_kimi.py applies them to a Kimi-K2.5-wide draft)."""
+    return (config.get("transformer_layer_config") or config)["hidden_size"]
+
+
 def _rename(tensors: Tensors, old: str, new: str) -> None:
     for key in [k for k in tensors if k.startswith(old)]:
         tensors[new + key.removeprefix(old)] = tensors.pop(key)
@@ -147,17 +155,17 @@ def no_lm_head(config: dict, t: Tensors) -> None:
 @fault
 def fc_one_layer(config: dict, t: Tensors) -> None:
     """What SGLang's Kimi-K2.5 class fed the draft: one 7168-wide state instead of three (here 256 of 768)."""
-    t["fc.weight"] = t["fc.weight"][:, :HIDDEN].clone()
+    t["fc.weight"] = t["fc.weight"][:, :_hidden(config)].clone()
 
 
 @fault
 def target_hidden_other(config: dict, t: Tensors) -> None:
-    config["target_hidden_size"] = 2 * HIDDEN
+    config["target_hidden_size"] = 2 * _hidden(config)
 
 
 @fault
 def qkv_narrow(config: dict, t: Tensors) -> None:
-    t["layers.0.self_attn.q_proj.weight"] = t["layers.0.self_attn.q_proj.weight"][:, :HIDDEN].clone()
+    t["layers.0.self_attn.q_proj.weight"] = t["layers.0.self_attn.q_proj.weight"][:, :_hidden(config)].clone()
 
 
 @fault
@@ -168,7 +176,8 @@ def lm_head_rows(config: dict, t: Tensors) -> None:
 # --- aux ids ----------------------------------------------------------------------------------------------
 @fault
 def aux_out_of_range(config: dict, t: Tensors) -> None:
-    config["eagle_aux_hidden_state_layer_ids"] = [2, 4, 9]
+    """The last id past the target's layers (the fixture's 6, Kimi-K2.5's 61)."""
+    config["eagle_aux_hidden_state_layer_ids"] = [*config["eagle_aux_hidden_state_layer_ids"][:-1], 99]
 
 
 @fault
@@ -200,12 +209,12 @@ def aux_in_eagle_config(config: dict, t: Tensors) -> None:
 # --- vocabulary -------------------------------------------------------------------------------------------
 @fault
 def d2t_short(config: dict, t: Tensors) -> None:
-    t["d2t"] = t["d2t"][: DRAFT_VOCAB_SIZE - 24].clone()
+    t["d2t"] = t["d2t"][: config["draft_vocab_size"] - 24].clone()
 
 
 @fault
 def d2t_out_of_range(config: dict, t: Tensors) -> None:
-    t["d2t"][7] = 10_000
+    t["d2t"][7] = config["transformer_layer_config"]["vocab_size"]  # draft id 7 -> a target id past the vocabulary
 
 
 @fault
@@ -299,8 +308,9 @@ def one_matrix_untrained(config: dict, t: Tensors) -> None:
 @fault
 def fc_aux_input_unused(config: dict, t: Tensors) -> None:
     """fc's columns for the second aux layer never trained: a draft trained while that layer's state was missing."""
+    h = _hidden(config)
     fc = t["fc.weight"].clone()
-    fc[:, HIDDEN:2 * HIDDEN] = _fresh_linear(HIDDEN, 3 * HIDDEN, seed=8)[:, HIDDEN:2 * HIDDEN].to(fc.dtype)
+    fc[:, h:2 * h] = _fresh_linear(h, 3 * h, seed=8)[:, h:2 * h].to(fc.dtype)
     t["fc.weight"] = fc
 
 

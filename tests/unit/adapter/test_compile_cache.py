@@ -63,7 +63,7 @@ def _key(vllm_config: SimpleNamespace, model: torch.nn.Module) -> str:
 
 
 def test_a_targets_key_holds_its_capture_not_its_draft() -> None:
-    """A new draft folder (retrained, another layout, the random draft of `bench --bypass`) reuses the target's
+    """A new draft folder (retrained, another layout, the random draft of `bench bypass`) reuses the target's
     graph; a draft's own graph, a target alone and another method keep keys of their own."""
     draft_a, draft_b = _config("drafts/a"), _config("drafts/b")
     assert _key(draft_a, Target((2, 4, 6), draft_a)) == _key(draft_b, Target((2, 4, 6), draft_b))
@@ -121,7 +121,7 @@ def test_a_key_that_compiled_into_a_cache_of_its_own_keeps_it(tmp_path) -> None:
 
 
 def test_the_link_holds_under_a_relative_cache_root(tmp_path, monkeypatch) -> None:
-    """`bench --startup` gives each round a cache root under its relative --out: the link must resolve from there."""
+    """`bench startup` gives each round a cache root under its relative --out: the link must resolve from there."""
     monkeypatch.chdir(tmp_path)
     key = _new_key(Path("results") / "vllm-cache", "d" * 64)
     assert compile_cache.share_inductor_cache(key)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kimi_eagle.adapter import compat, surface
+from kimi_eagle.doctor.vllm_surface import surface_report
 from kimi_eagle.vllm_sources import SourceTree
-from kimi_eagle.vllm_surface import surface_report
 from tests.helpers.cli import REPO, run_cli, run_cli_here
 
 ADAPTER = REPO / "adapter"

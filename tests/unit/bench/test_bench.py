@@ -16,18 +16,12 @@ from kimi_eagle.acceptance import Acceptance
 from kimi_eagle.bench.client import BenchClient, BenchRequestError, Sample
 from kimi_eagle.bench.plan import FULL, QUICK, BenchPlan
 from kimi_eagle.bench.report import markdown, profile_setting
-from kimi_eagle.bench.result import BenchResult, CeilingProbe, Machine, ThroughputPoint
-from kimi_eagle.bench.run import (
-    BenchError,
-    ceiling_candidates,
-    ceiling_prompts,
-    checks_overhead,
-    load_prompts,
-    summed_acceptance,
-)
+from kimi_eagle.bench.result import BenchResult, CeilingProbe, Machine, ThroughputPoint, summed_acceptance
 from kimi_eagle.bench.servers import ColdStart, RssSampler
+from kimi_eagle.bench.speedup import ceiling_candidates, ceiling_prompts, checks_overhead
 from kimi_eagle.bench.speedup_model import CostModel, fit_cost_model, recommend, step_cost, tokens_per_step
 from kimi_eagle.bench.stats import paired_ratios, spread
+from kimi_eagle.bench.subcommand import BenchError, load_prompts
 from kimi_eagle.cli import main
 from kimi_eagle.fixtures.pair_spec import PREDICTABLE_PROMPTS_FILE
 from tests.helpers.sglang_stand_in import StandIn
@@ -207,7 +201,7 @@ def _result() -> BenchResult:
 
     points = [point(k, c) for k in (1, 2) for c in (1, 16)] + [point(2, 1, "ceiling")]
     return BenchResult(
-        mode="quick", command="kimi-eagle bench --quick", started_utc="2026-11-30T02:00:00Z", duration_s=100.0,
+        mode="quick", command="kimi-eagle bench speedup --quick", started_utc="2026-11-30T02:00:00Z", duration_s=100.0,
         machine=Machine(cpu_model="Test CPU", cpus=2, memory_gib=23.4, load_average_before=[1.0, 1.0, 1.0],
                         load_average_after=[2.0, 1.0, 1.0], vllm_version="0.32.0", torch_version="2.13"),
         profile="tiny-cpu", target="t", draft="d", prompts_file="p.json", plan=QUICK, ceiling_prompt="a a a",
@@ -220,7 +214,7 @@ def _result() -> BenchResult:
 
 def test_markdown_report_has_every_section_and_the_command():
     text = markdown(_result())
-    assert "Command: `kimi-eagle bench --quick`" in text and "Test CPU, 2 CPUs" in text
+    assert "Command: `kimi-eagle bench speedup --quick`" in text and "Test CPU, 2 CPUs" in text
     for n in range(1, 8):
         assert f"## {n}." in text
     assert "| 2 | 1 | 100.5 [100.0, 101.0] | 151.0 [150.0, 152.0] | 1.50x [1.49, 1.51] | 1.90 | 4/4 |" in text
@@ -230,11 +224,12 @@ def test_markdown_report_has_every_section_and_the_command():
 
 
 def test_cli_refuses_missing_prompts_and_vllm_flags(tmp_path, capsys):
-    assert main(["bench", "--quick", "--prompts", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
+    assert main(["bench", "speedup", "--quick", "--prompts", str(tmp_path / "none.json"), "--out",
+                 str(tmp_path)]) == 2
     assert "no held-out prompts" in capsys.readouterr().err
-    assert main(["bench", "--quick", "--", "--max-num-seqs", "4"]) == 2
+    assert main(["bench", "speedup", "--quick", "--", "--max-num-seqs", "4"]) == 2
     assert "no vLLM flags" in capsys.readouterr().err
-    assert main(["bench", "--profile", "no-such-profile"]) == 2
+    assert main(["bench", "speedup", "--profile", "no-such-profile"]) == 2
     assert "known profiles" in capsys.readouterr().err
 
 

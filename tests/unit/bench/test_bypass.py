@@ -1,4 +1,4 @@
-"""`bench --bypass`'s random draft: the profile's draft in shape, nothing of it in its matrices."""
+"""`bench bypass`'s random draft: the profile's draft in shape, nothing of it in its matrices."""
 
 from __future__ import annotations
 

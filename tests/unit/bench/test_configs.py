@@ -1,4 +1,4 @@
-"""`kimi-eagle bench --configs` without an engine: the served variants, the judgement and the report (the e2e run
+"""`kimi-eagle bench configs` without an engine: the served variants, the judgement and the report (the e2e run
 is tests/e2e/test_bench.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from itertools import pairwise
 import pytest
 
 from kimi_eagle.bench import bypass, configs, startup
-from kimi_eagle.bench.cli import plan_of
 from kimi_eagle.bench.configs import (
     BIND_ENV,
     FULL,
@@ -24,10 +23,11 @@ from kimi_eagle.bench.configs import (
     compare,
     judge,
     markdown,
-    rotated,
 )
+from kimi_eagle.bench.plan import rotated
 from kimi_eagle.bench.result import Machine
 from kimi_eagle.bench.stats import spread
+from kimi_eagle.bench.subcommand import plan_of
 from kimi_eagle.cli import main
 from kimi_eagle.serve.command import build_command
 from kimi_eagle.serve.profile import load_profile
@@ -87,7 +87,7 @@ def test_in_process_is_vllms_uniprocess_executor_and_every_other_layout_drops_it
 
 
 def test_the_default_profile_is_the_configuration_the_benchmark_chose() -> None:
-    """tiny-cpu is what `bench --configs` found fastest with a draft (BENCHMARKS.md): bfloat16, the worker inside
+    """tiny-cpu is what `bench configs` found fastest with a draft (BENCHMARKS.md): bfloat16, the worker inside
     the engine core process."""
     default = load_profile("tiny-cpu")
     chosen = ServingConfig(dtype="bfloat16", cores="in-process", draft=True).profile(default)
@@ -147,7 +147,7 @@ def test_the_report_is_one_row_per_configuration_with_ratios_for_drafts() -> Non
     points = [_point(plain, loads[0], [100.0]), _point(draft, loads[0], [150.0], [1.5]),
               _point(plain, loads[1], [400.0, 420.0]), _point(draft, loads[1], [500.0, 520.0], [1.25, 1.24])]
     result = ConfigsResult(
-        command="kimi-eagle bench --configs --quick", started_utc="2026-12-01T00:00:00Z", duration_s=120,
+        command="kimi-eagle bench configs --quick", started_utc="2026-12-01T00:00:00Z", duration_s=120,
         machine=Machine(cpu_model="cpu", cpus=2, memory_gib=24, load_average_before=[0, 0, 0],
                         load_average_after=[0, 0, 0], vllm_version="0.32.0", torch_version="2.13.0"),
         profile="tiny-cpu", plan=QUICK, points=points, mean_acceptance_length={draft: 2.61},
@@ -161,12 +161,15 @@ def test_the_report_is_one_row_per_configuration_with_ratios_for_drafts() -> Non
 
 
 def test_rounds_go_with_the_modes_that_have_rounds(capsys: pytest.CaptureFixture[str]) -> None:
-    for mode in ([], ["--tune"], ["--guidellm"]):
-        assert main(["bench", *mode, "--rounds", "2"]) == 2
-        assert "--rounds N (N >= 1) goes with --configs, --bypass or --startup" in capsys.readouterr().err
-    assert main(["bench", "--configs", "--rounds", "0"]) == 2
+    for mode in ("speedup", "tune", "guidellm"):
+        with pytest.raises(SystemExit) as refused:
+            main(["bench", mode, "--rounds", "2"])
+        assert refused.value.code == 2 and "unrecognized arguments: --rounds 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "configs", "--rounds", "0"])
+    assert refused.value.code == 2 and "give a whole number of rounds, 1 or more" in capsys.readouterr().err
     for module in (configs, bypass, startup):
         for quick in (False, True):
-            plan = plan_of(module, argparse.Namespace(quick=quick, rounds=5))
+            plan = plan_of(module.FULL, module.QUICK, argparse.Namespace(quick=quick, rounds=5))
             assert plan.rounds == 5 and plan.mode == (module.QUICK if quick else module.FULL).mode
-    assert plan_of(bypass, argparse.Namespace(quick=False, rounds=None)) == bypass.FULL
+    assert plan_of(bypass.FULL, bypass.QUICK, argparse.Namespace(quick=False, rounds=None)) == bypass.FULL

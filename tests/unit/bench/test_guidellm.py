@@ -1,4 +1,4 @@
-"""`bench --guidellm`: how GuideLLM is found, called and read (its real output), and how the tools are compared."""
+"""`bench guidellm`: how GuideLLM is found, called and read (its real output), and how the tools are compared."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`bench --startup`: its verdict against the second-start goal, its report, and a start that never gets ready."""
+"""`bench startup`: its verdict against the second-start goal, its report, and a start that never gets ready."""
 
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def test_the_verdict_names_a_second_start_that_compiled_again_or_answered_otherw
 
 
 def test_the_report_lists_each_start_with_what_the_cache_held(tmp_path: Path) -> None:
-    from kimi_eagle.bench.run import machine_now
+    from kimi_eagle.bench.machine import machine_now
 
     starts = [startup.Start(round=1, start="first", seconds_to_ready=86.0, cache_files_before=0,
                             loaded_compiled_target=False, answer_token_ids=[1, 2, 3]),
               startup.Start(round=1, start="second", seconds_to_ready=31.2, cache_files_before=41,
                             loaded_compiled_target=True, answer_token_ids=[1, 2, 3])]
     first, second = spread([86.0]), spread([31.2])
-    result = startup.StartupResult(command="kimi-eagle bench --startup", started_utc="2026-12-01T15:00:00Z",
+    result = startup.StartupResult(command="kimi-eagle bench startup", started_utc="2026-12-01T15:00:00Z",
                                    duration_s=130, machine=machine_now((0.0, 0.0, 0.0)), profile="tiny-cpu",
                                    plan=startup.FULL, starts=starts, first=first, second=second,
                                    verdict=startup.verdict(first, second, starts))
@@ -74,7 +74,7 @@ def test_a_start_that_never_prints_its_ready_line_is_a_start_error_naming_its_lo
     """A real `kimi-eagle serve` whose pre-flight refuses the target: it exits without a Ready line."""
     profile = load_profile("tiny-cpu").model_copy(update={"target": str(tmp_path / "no-such-model")})
     bench = startup.StartupBench(startup.QUICK, profile, target=None, draft=None, prompts=[], files_dir=tmp_path,
-                                 command_line="kimi-eagle bench --startup --quick", say=print)
+                                 command_line="kimi-eagle bench startup --quick", say=print)
     with pytest.raises(ServerStartError, match="did not print its Ready line") as raised:
         bench.run()
     log = tmp_path / "logs" / "first-r1.log"

@@ -1,4 +1,4 @@
-"""`bench --tune`'s arithmetic: the best k by concurrency, the schedule made of it, and the proof's verdict."""
+"""`bench tune`'s arithmetic: the best k by concurrency, the schedule made of it, and the proof's verdict."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def test_the_proof_starts_every_configuration_again_except_in_a_quick_run(
 
     monkeypatch.setattr(TuneBench, "_measure", measure)
     bench = TuneBench(plan, load_profile("tiny-cpu-exact"), target=None, draft=None, prompts=["x"],
-                      files_dir=tmp_path, command_line="kimi-eagle bench --tune", say=lambda _: None)
+                      files_dir=tmp_path, command_line="kimi-eagle bench tune", say=lambda _: None)
     result = bench.run()
     sweep_servers = ["alone", "k=3"] * plan.rounds
     assert sorted(started) == sorted(sweep_servers + proof_servers), f"servers started: {started}"
