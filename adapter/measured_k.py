@@ -173,17 +173,15 @@ class RangeChoice:
 
     def _start_probe(self) -> None:
         """Probe the next k when what probes cost so far leaves room in the budget for what this one is expected to
-        cost (from its earlier probes; a k not probed yet is tried, and its probe charged when it ends)."""
+        cost (from its earlier probes; for a k not probed yet, its steps as long as the k in force's)."""
         others = [k for k in self.ks if k != self.in_force]
         if not others:
             return
         others.sort(key=lambda k: (len(self.paired[k]) >= MIN_PROBES, (k - self._next) % (max(self.ks) + 1)))
         k = others[0]
         ratios = self.paired[k]
-        expected = 0.0
-        if ratios:
-            ratio = math.exp(sum(ratios) / len(ratios))
-            expected = sum(s for _, s in self.recent) * ratio * self._cost(k, ratio)
+        ratio = math.exp(sum(ratios) / len(ratios)) if ratios else 1.0  # not probed yet: as long as a step now
+        expected = sum(s for _, s in self.recent) * ratio * self._cost(k, ratio)
         if self.probe_charge + expected > self.probe_share * (self.seconds + expected):
             return
         self.probing = k

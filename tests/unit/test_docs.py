@@ -13,8 +13,9 @@ import pytest
 
 from kimi_eagle.bench.cli import bench_parser
 from kimi_eagle.cli import build_parser
+from tests.helpers.cli import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 DOCS = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "loadtest" / "README.md",
                *(ROOT / "docs").glob("*.md")])
 # Generated reports of other vLLM releases quote vLLM's names, not commands of ours.
