@@ -74,6 +74,11 @@ def batch_ranges(max_num_seqs: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def batch_sizes_name(low: int, high: int) -> str:
+    """A range of batch sizes as the log and the `batch_sizes` label name it: "1", "3-4"."""
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def candidate_ks(num_speculative_tokens: int) -> list[int]:
     """0 (the target alone), 1, 2 and the configured k, with the powers of two between."""
     ks = {0, 1, 2, num_speculative_tokens}
@@ -133,7 +138,7 @@ class RangeChoice:
 
     @property
     def name(self) -> str:
-        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+        return batch_sizes_name(self.low, self.high)
 
     def k(self) -> int:
         return self.in_force if self.probing is None else self.probing
@@ -227,7 +232,7 @@ class RangeChoice:
 
     def report(self) -> RangeReport:
         gains = {k: g[0] for k in self.ks if k != self.in_force and (g := self.gain(k)) is not None}
-        return RangeReport(self.name, self.in_force, self.configured, self.steps,
+        return RangeReport(self.low, self.high, self.in_force, self.configured, self.steps,
                            {k: len(self.paired[k]) for k in self.ks if k != self.in_force}, gains)
 
     def summary(self, gains: dict | None = None, reference: int | None = None) -> str:
@@ -303,20 +308,24 @@ class MeasuredK:
 class RangeReport:
     """One range of batch sizes as the engine last measured it."""
 
-    batch_sizes: str
+    low: int
+    high: int
     k: int  # in force
     configured: int  # the profile's
     steps: int  # decode steps measured
     probes: dict[int, int]  # other k -> paired probes that count
     speed_ratio: dict[int, float]  # other k -> its tokens/s over the k in force's, where probes suffice
 
+    @property
+    def batch_sizes(self) -> str:
+        return batch_sizes_name(self.low, self.high)
+
 
 def attach_report(record, reports: list[RangeReport]) -> None:
     """Append `reports` to a spec-decoding record the engine core sends this step (see REPORT_MARKER)."""
     values = [REPORT_MARKER, len(reports)]
     for r in reports:
-        low, _, high = r.batch_sizes.partition("-")
-        values += [int(low), int(high or low), r.k, r.configured, r.steps, len(r.probes)]
+        values += [r.low, r.high, r.k, r.configured, r.steps, len(r.probes)]
         for k, probes in r.probes.items():
             values += [k, probes, round(1000 * r.speed_ratio[k]) if k in r.speed_ratio else -1]
     record.num_draft_tokens_per_pos = list(record.num_draft_tokens_per_pos) + values
@@ -337,8 +346,7 @@ def read_report(record) -> list[RangeReport] | None:
             probes[other] = count
             if milli >= 0:
                 ratios[other] = milli / 1000
-        name = str(low) if low == high else f"{low}-{high}"
-        reports.append(RangeReport(name, k, configured, steps, probes, ratios))
+        reports.append(RangeReport(low, high, k, configured, steps, probes, ratios))
     return reports
 
 
