@@ -27,8 +27,10 @@ from kimi_eagle.loadtest.files import write_atomic
 
 DEFAULT_FILE = Path("BENCHMARKS.md")
 PLOTS_DIR = RESULTS_DIR / "plots"
-OPENING = re.compile(r"<!-- render:(?P<mode>[\w-]+) -->")
-SECTION = re.compile(r"(?P<open><!-- render:(?P<mode>[\w-]+) -->\n).*?(?P<close><!-- /render:(?P=mode) -->)", re.S)
+# `render:MODE`, or `render:MODE:FAULT` for the latest run made with KIMI_EAGLE_FAULT=FAULT (`<prefix>-FAULT-<time>`)
+SHOWN = r"[\w-]+(?::[\w-]+)?"
+OPENING = re.compile(rf"<!-- render:(?P<mode>{SHOWN}) -->")
+SECTION = re.compile(rf"(?P<open><!-- render:(?P<mode>{SHOWN}) -->\n).*?(?P<close><!-- /render:(?P=mode) -->)", re.S)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EXIT_DRIFT = 1  # as `ruff format --check`: the files are not what the results render
 
@@ -61,12 +63,14 @@ class Rendered:
     plots: list[Plot]
 
 
-def latest(results: ModeResults, results_dir: Path, plots_dir: Path) -> Rendered:
-    """The newest run of a mode, its plots drawn into `plots_dir`."""
-    runs = results.runs(results_dir)
+def latest(results: ModeResults, results_dir: Path, plots_dir: Path, fault: str = "") -> Rendered:
+    """The newest run of a mode (made with KIMI_EAGLE_FAULT=`fault`, if given), its plots drawn into `plots_dir`."""
+    runs = results.runs(results_dir, fault)
     if not runs:
-        raise BenchError(f"no results of `kimi-eagle bench {results.mode}` in {results_dir} "
-                         f"({results.prefix}-<time>.json): run it, or give --results DIR")
+        made = f"KIMI_EAGLE_FAULT={fault} " if fault else ""
+        raise BenchError(f"no results of `{made}kimi-eagle bench {results.mode}` in {results_dir} "
+                         f"({'-'.join(filter(None, (results.prefix, fault)))}-<time>.json): run it, or give "
+                         "--results DIR")
     try:
         result = results.load(runs[-1])
     except (OSError, ValueError) as exc:  # pydantic's errors are ValueErrors
@@ -107,7 +111,7 @@ def modes_shown(text: str, path: Path, known: Sequence[str]) -> list[str]:
     if not opened:
         raise BenchError(f"{path} has no section to render: put `<!-- render:MODE -->` and `<!-- /render:MODE -->` "
                          f"on lines of their own where a mode's latest run should show (MODE: {', '.join(known)})")
-    if unknown := [m for m in opened if m not in known]:
+    if unknown := [m for m in opened if m.partition(":")[0] not in known]:
         raise BenchError(f"{path}: no mode named {', '.join(unknown)} (`<!-- render:MODE -->`, MODE: "
                          f"{', '.join(known)})")
     if opened != closed:
@@ -126,11 +130,16 @@ def run(args: argparse.Namespace, results: Sequence[ModeResults]) -> int:
     texts = {path: _read(path) for path in args.files}
     wanted = {path: modes_shown(text, path, list(by_mode)) for path, text in texts.items()}
     modes = list(dict.fromkeys(m for shown in wanted.values() for m in shown))
+
+    def render(shown: str, plots_dir: Path) -> Rendered:
+        mode, _, fault = shown.partition(":")
+        return latest(by_mode[mode], args.results, plots_dir, fault)
+
     if args.check:
         with tempfile.TemporaryDirectory() as scratch:
-            rendered = {m: latest(by_mode[m], args.results, Path(scratch)) for m in modes}
+            rendered = {m: render(m, Path(scratch)) for m in modes}
         return _check(texts, wanted, rendered, args.plots)
-    rendered = {m: latest(by_mode[m], args.results, args.plots) for m in modes}
+    rendered = {m: render(m, args.plots) for m in modes}
     for path, text in texts.items():
         new = rewritten(text, {m: section(rendered[m], path, args.plots) for m in wanted[path]})
         if new != text:

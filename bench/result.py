@@ -173,10 +173,12 @@ class ModeResults:
     markdown: Callable[[Any], str]
     plots: Callable[[Any, Path], list[Plot]]
 
-    def runs(self, folder: Path) -> list[Path]:
-        """This mode's measured runs in `folder`, oldest first (the stamp in the name is the start time)."""
-        name = re.compile(rf"{re.escape(self.prefix)}-\d{{8}}-\d{{6}}\.json")
-        return sorted(p for p in folder.glob(f"{self.prefix}-*.json") if name.fullmatch(p.name))
+    def runs(self, folder: Path, fault: str = "") -> list[Path]:
+        """This mode's measured runs in `folder`, oldest first (the stamp in the name is the start time); with
+        `fault`, those made with KIMI_EAGLE_FAULT=fault (`<prefix>-<fault>-<time>.json`) instead."""
+        prefix = "-".join(filter(None, (self.prefix, fault)))
+        name = re.compile(rf"{re.escape(prefix)}-\d{{8}}-\d{{6}}\.json")
+        return sorted(p for p in folder.glob(f"{prefix}-*.json") if name.fullmatch(p.name))
 
     def load(self, path: Path) -> Any:
         return self.model.model_validate_json(path.read_text())

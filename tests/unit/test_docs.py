@@ -24,7 +24,7 @@ CODE = re.compile(r"```(?:bash|sh|console)?\n(.*?)```|`([^`\n]+)`", re.S)
 COMMAND_START = re.compile(r"(?:^|\s)((?:\.venv/bin/)?kimi-eagle\s.*|make\s+[a-z][\w-]*.*)$")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$|[\[\]|<>]|\.\.\.")
 # What `kimi-eagle bench render` writes from a result: the command a run was made with, as it was then spelled.
-RENDERED = re.compile(r"<!-- render:(?P<mode>[\w-]+) -->.*?<!-- /render:(?P=mode) -->", re.S)
+RENDERED = re.compile(r"<!-- render:(?P<mode>[\w:-]+) -->.*?<!-- /render:(?P=mode) -->", re.S)
 
 
 def doc_commands() -> list[tuple[str, str]]:

@@ -3,6 +3,7 @@ file between its markers, the same bytes every time, and `--check` telling a fil
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -116,6 +117,26 @@ def test_a_quick_run_is_never_the_latest(tmp_path: Path) -> None:
     doc.write_text(sections(["startup"]))
     assert render(doc, "--results", results, "--plots", tmp_path / "plots") == 0
     assert latest("startup").name in doc.read_text() and "startup-quick" not in doc.read_text()
+
+
+def test_a_run_on_a_machine_made_slow_shows_only_in_its_own_section(tmp_path: Path) -> None:
+    results, plots = tmp_path / "results", tmp_path / "plots"
+    results.mkdir()
+    shutil.copy(latest("guidellm"), results)
+    made_slow = results / "guidellm-slow-draft-20991231-235959.json"
+    made_slow.write_text(json.dumps({**json.loads(latest("guidellm").read_text()), "fault": "slow-draft"}))
+    doc = tmp_path / "B.md"
+    doc.write_text(sections(["guidellm", "guidellm:slow-draft"]))
+    assert render(doc, "--results", results, "--plots", plots) == 0
+    text = doc.read_text()
+    plain = text.split("<!-- render:guidellm -->")[1].split("<!-- /render:guidellm -->")[0]
+    slow = text.split("<!-- render:guidellm:slow-draft -->")[1].split("<!-- /render:guidellm:slow-draft -->")[0]
+    assert latest("guidellm").name in plain and "slow-draft" not in plain
+    assert made_slow.name in slow and "KIMI_EAGLE_FAULT=slow-draft" in slow
+    assert {p.name for p in plots.iterdir()} == {"guidellm-speedup-over-no-draft.png",
+                                                 "guidellm-slow-draft-speedup-over-no-draft.png"}
+    made_slow.unlink()
+    assert render(doc, "--results", results, "--plots", plots) == 2
 
 
 @pytest.mark.parametrize(("text", "message"), [
