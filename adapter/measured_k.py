@@ -20,8 +20,12 @@ profile's k holds a range until, over at least three probes, another k beats it 
 the low end of two standard errors. What probes cost (the tokens per second a probe lost against the k in force,
 over its seconds; nothing for a faster k, so that where the k in force is the dear one the engine finds its way
 back fast) is kept within a set share of the range's time, and a k surely slower than the one in force counts
-SLOWER_BACKOFF times. A range that has seen too few probes keeps the profile's k, and the periodic summary
-says so.
+SLOWER_BACKOFF times. A range that has seen too few probes of its own keeps the profile's k, and the periodic
+summary says so, with one exception: k does not grow with the batch size (a larger batch makes verification dearer
+against what a draft saves), so a range not measured yet takes no more than the nearest measured range below it and
+no less than the nearest one above it. A range a load only passes through (2 in flight while four streams start,
+5-8 while sixteen end) is then not left at a k its neighbours found dear: with the `slow-draft` fault, the default
+profile's k = 4 there cost seconds per such step.
 
 The choice is written where vLLM reads it each step, `Scheduler.dynamic_sd_lookup` (batch size -> k); the draft
 fail-safe, when it has bypassed the draft, puts zeros there instead and this waits.
@@ -135,6 +139,8 @@ class RangeChoice:
         self.seconds = self.probe_seconds = 0.0  # of the range's measured steps, and of those in probes
         self.probe_charge = 0.0  # probe seconds as the budget counts them (SLOWER_BACKOFF)
         self._next = 0  # round robin over the other ks
+        self.switched = False  # its own probes have replaced a k
+        self.bounded_by: RangeChoice | None = None  # the measured range whose k this one takes (see `bound`)
 
     @property
     def name(self) -> str:
@@ -142,6 +148,24 @@ class RangeChoice:
 
     def k(self) -> int:
         return self.in_force if self.probing is None else self.probing
+
+    @property
+    def measured(self) -> bool:
+        """Whether its own probes chose the k in force: they replaced a k, or every other k has enough of them."""
+        return self.switched or all(len(self.paired[k]) >= MIN_PROBES for k in self.ks if k != self.in_force)
+
+    def bound(self, k: int, by: RangeChoice | None) -> bool:
+        """Put `k` in force in a range its own probes have not measured, as the measured range `by` bounds it (None:
+        the profile's k again). What was probed was timed against the k in force before, so it starts over."""
+        self.bounded_by = by
+        if k == self.in_force:
+            return False
+        self.in_force, self.probing = k, None
+        self.probe_steps = []
+        self.recent.clear()
+        for ratios in self.paired.values():
+            ratios.clear()
+        return True
 
     def observe(self, k: int, batch_size: int, seconds: float) -> str | None:
         """One decode step that verified k draft tokens per request and scheduled k again. Returns a log line when
@@ -215,6 +239,7 @@ class RangeChoice:
         if gains[best][1] <= 1 + HYSTERESIS:
             return None
         before, self.in_force = self.in_force, best
+        self.switched, self.bounded_by = True, None
         line = (f"kimi-eagle: measured k: {self.name} in flight: k {before} -> {best} ({gains[best][0]:.2f}x the "
                 f"tokens per second of k={before}, at least {gains[best][1]:.2f}x over {len(self.paired[best])} "
                 f"paired probes; {self.summary(gains, before)})")
@@ -241,6 +266,9 @@ class RangeChoice:
             gains = {k: g for k in self.ks if k != reference and (g := self.gain(k)) is not None}
         shown = ", ".join(f"k={k} {gains[k][0]:.2f}x" if k in gains else f"k={k} ({len(self.paired[k])} probes)"
                           for k in self.ks if k != reference)
+        if not gains and self.bounded_by is not None:
+            return (f"{self.name}: k={self.in_force}, as {self.bounded_by.name} in flight measured (too few probes of "
+                    f"its own yet: {shown})")
         if not gains and self.in_force == self.configured:
             return f"{self.name}: k={self.in_force}, the profile's (too few probes yet: {shown})"
         return f"{self.name}: k={self.in_force} (against k={reference}: {shown})"
@@ -265,6 +293,32 @@ class MeasuredK:
     def _fill(self, r: RangeChoice) -> None:
         self.lookup[r.low: r.high + 1] = [r.k()] * (r.high - r.low + 1)
 
+    def _bound_unmeasured(self) -> list[str]:
+        """k does not grow with the batch size: each range its own probes have not measured takes the profile's k,
+        but no more than the nearest measured range below it chose and no less than the nearest above it (the
+        profile's, where those two disagree with the rule). Returns a log line per change."""
+        lines = []
+        for i, r in enumerate(self.ranges):
+            if r.measured:
+                continue
+            below = next((m for m in reversed(self.ranges[:i]) if m.measured), None)
+            above = next((m for m in self.ranges[i + 1:] if m.measured), None)
+            k, by = r.configured, None
+            if below is not None and above is not None and below.in_force < above.in_force:
+                pass  # measurements against the rule: this range's own probes will tell
+            elif below is not None and k > below.in_force:
+                k, by = below.in_force, below
+            elif above is not None and k < above.in_force:
+                k, by = above.in_force, above
+            before = r.in_force
+            if r.bound(k, by):
+                self._fill(r)
+                why = (f"{by.name} in flight measured k={k}, and k does not grow with the batch size" if by else
+                       "the profile's again: the measured ranges around it no longer bound it")
+                lines.append(f"kimi-eagle: measured k: {r.name} in flight: k {before} -> {k} (too few probes of its "
+                             f"own yet; {why})")
+        return lines
+
     def count_draft(self, drafted: int, accepted: int) -> None:
         """One request's verified draft (vLLM's own count, `Scheduler.make_spec_decoding_stats`)."""
         self.acceptance.add(drafted, accepted)
@@ -280,6 +334,9 @@ class MeasuredK:
             self._reported_at = None  # the API server hears of a change at once
         if choice.k() != scheduled_k:  # a probe began or ended, or the k in force changed
             self._fill(choice)
+            for line in self._bound_unmeasured():
+                logger.info(line)
+                self._reported_at = None
         if self.clock() - self._summarized_at >= SUMMARY_EVERY_S:
             self._summarized_at = self.clock()
             logger.info("kimi-eagle: measured k in force: %s", self.summary())

@@ -66,7 +66,8 @@ def test_a_k_that_costs_is_replaced_by_the_fastest() -> None:
     assert len(switches) <= 2 and switches[-1] == (switches[-1][0], 0), switches  # no way back: it does not flap
     r = controller.ranges[2]  # what probes cost in time stays within the share (probing a cheaper k costs nothing)
     assert r.probe_charge <= 0.1 * r.seconds + measured_k.PROBE_STEPS * 4 * 3.2 * 1.03 * measured_k.SLOWER_BACKOFF
-    assert controller.lookup[3:5] == [0, 0] and controller.lookup[1] == 4 and controller.lookup[16] == 4
+    # Below the measured range the profile's k stays; above it, where nothing was measured, k takes no more.
+    assert controller.lookup[3:5] == [0, 0] and controller.lookup[1:3] == [4, 4] and controller.lookup[5:] == [0] * 12
 
 
 def test_the_profiles_k_stays_where_it_is_fastest_and_equals_do_not_flap() -> None:
@@ -95,6 +96,22 @@ def test_a_range_with_too_few_steps_keeps_the_profiles_k_and_says_so() -> None:
     run(controller, 12, DRAFTING_PAYS, 5)
     assert controller.lookup[12] == 0
     assert "9-16: k=0, the profile's (too few probes yet" in controller.summary()
+
+
+def test_a_range_not_measured_yet_takes_no_more_k_than_the_measured_range_below_it() -> None:
+    """A load passes through batch sizes it does not stay at (2 while streams start, 5-8 while sixteen end): those
+    ranges, too few probes of their own, follow the measured ranges around them (k does not grow with the batch
+    size) rather than keep a k their neighbours found dear; a range's own probes still decide for it."""
+    controller = MeasuredK(lookup(4, 4), 16, [0, 1, 2, 4], probe_share=0.05)
+    run(controller, 1, DRAFTING_COSTS_MUCH, 600)
+    assert controller.lookup[1:] == [0] * 16
+    assert controller.ranges[1].summary().startswith("2: k=0, as 1 in flight measured (too few probes of its own yet")
+    assert not any(r.measured for r in controller.ranges[1:])
+    run(controller, 4, DRAFTING_PAYS, 1500, alpha=0.8)  # at 3-4 in flight drafting pays: its own probes say so
+    mine = controller.ranges[2]
+    assert mine.measured and mine.in_force > 0
+    assert controller.lookup[5:] == [mine.in_force] * 12, "above it, no more than it measured"
+    assert controller.lookup[2] == 4, "between 1 (k=0) and 3-4 (k>0), against the rule: the profile's k"
 
 
 @pytest.mark.parametrize("share", [0.05, 0.2])
