@@ -33,11 +33,11 @@ serve: setup
 # Two pytest-xdist workers: most of the suite's time is vLLM starting (one core each: imports, compiling), so two
 # starts overlap on two cores; tests/conftest.py keeps each shared server on one worker and gives each worker a core
 # of its own. More workers hold more servers in memory at once (about 2 GiB each): TEST_WORKERS=0 runs the suite in
-# one process.
+# one process. The longest groups go first (tests/conftest.py orders them; xdist's own reorder would put them last).
 TEST_WORKERS ?= 2
 
 test: setup test-tools
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The tiny pair lifted to Kimi-K2.5's real widths (hidden 7168, vocabulary 163840, fc 21504 -> 7168), served by vLLM:
 # about 12 GB of weights built on first use under ~/.cache/kimi-eagle and about 19 GiB of memory per server, one

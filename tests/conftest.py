@@ -37,6 +37,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                     "one worker must hold all the servers of a test")
         if groups and not marked:
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
+    items.sort(key=_longest_first)
+
+
+def _longest_first(item: pytest.Item) -> int:
+    """The order xdist hands the tests' scopes to the workers (`make test` passes --no-loadscope-reorder): by its
+    default, most tests first, the suite's longest scopes came last (vLLM's own tests, 1 test and 150 s; the quick
+    benchmarks, 5 tests and 320 s) and one worker ran them while the other sat idle. The shared servers' groups first,
+    then the other folders that start servers or long runs, then the unit tests to fill in; collection order within."""
+    marked = item.get_closest_marker("xdist_group")
+    if marked and marked.args[0] in SERVER_GROUPS.values():
+        return 0
+    return 1 if {"e2e", "upstream"} & set(item.path.relative_to(item.config.rootpath).parts) else 2
 
 
 def pytest_configure(config: pytest.Config) -> None:
