@@ -46,9 +46,13 @@ def _longest_first(item: pytest.Item) -> int:
     benchmarks, 5 tests and 320 s) and one worker ran them while the other sat idle. The shared servers' groups first,
     then the other folders that start servers or long runs, then the unit tests to fill in; collection order within."""
     marked = item.get_closest_marker("xdist_group")
-    if marked and marked.args[0] in SERVER_GROUPS.values():
+    return scope_rank(marked.args[0] if marked else None, item.path.relative_to(item.config.rootpath))
+
+
+def scope_rank(group: str | None, path: Path) -> int:
+    if group in SERVER_GROUPS.values():
         return 0
-    return 1 if {"e2e", "upstream"} & set(item.path.relative_to(item.config.rootpath).parts) else 2
+    return 1 if {"e2e", "upstream"} & set(path.parts) else 2
 
 
 def pytest_configure(config: pytest.Config) -> None:
