@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from kimi_eagle import envs
 from kimi_eagle.bench.machine import machine_now
 from kimi_eagle.bench.plots import Plot, draw, log2_axis, reference
-from kimi_eagle.bench.result import Machine, ModeResults, run_line
+from kimi_eagle.bench.result import Machine, ModeResults, fault_named, run_line
 from kimi_eagle.bench.servers import measured_server
 from kimi_eagle.bench.subcommand import BenchError, MeasuringRun, add_run_options, plan_of
 from kimi_eagle.processes import free_port
@@ -302,7 +302,7 @@ def verdict(rows: list[Row]) -> str:
 
 def markdown(result: GuideLLMResult) -> str:
     lines = [f"# GuideLLM {result.guidellm_version} beside kimi-eagle loadtest, profile {result.profile}"
-             + (f", {envs.FAULT.name}={result.fault}" if result.fault else ""), "",
+             f"{_made_with(result)}", "",
              run_line(result.command, result.started_utc, result.duration_s, result.machine)
              + f"{result.plan.seconds} s per measurement, {result.plan.max_tokens} output tokens per request "
              "(ignore_eos), streamed, one server at a time"
@@ -363,12 +363,13 @@ def plots(result: GuideLLMResult, folder: Path) -> list[Plot]:
         axes[0].set_ylabel("tokens/s over --no-draft (x)")
         axes[-1].legend(fontsize="x-small")
 
-    name = "-".join(filter(None, ("guidellm", result.fault, "speedup-over-no-draft")))
-    fault = f", {envs.FAULT.name}={result.fault}" if result.fault else ""
-    return [draw(folder / f"{name}.png",
-                 f"GuideLLM {result.guidellm_version} beside kimi-eagle loadtest ({result.started_utc[:10]}{fault})",
-                 paint,
-                 size=(9.0, 4.0))]
+    return [draw(folder / f"{fault_named('guidellm', result.fault)}-speedup-over-no-draft.png",
+                 f"GuideLLM {result.guidellm_version} beside kimi-eagle loadtest ({result.started_utc[:10]}"
+                 f"{_made_with(result)})", paint, size=(9.0, 4.0))]
+
+
+def _made_with(result: GuideLLMResult) -> str:
+    return f", {envs.FAULT.name}={result.fault}" if result.fault else ""
 
 
 RESULTS = ModeResults(mode="guidellm", prefix=FULL.mode, model=GuideLLMResult, markdown=markdown, plots=plots)
@@ -409,9 +410,8 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_of(FULL, QUICK, args)
     chosen = {"streams": args.streams, "temperatures": args.temperatures, "warmup_seconds": args.warmup}
     plan = plan.model_copy(update={key: value for key, value in chosen.items() if value is not None})
-    # A run on a machine made one where drafting costs is not this machine's figure: its files are named apart
-    # (guidellm-slow-draft-<time>.json), so that `bench render` never takes it for the plain mode's latest run.
-    measuring = MeasuringRun.start(args, "-".join(filter(None, (plan.mode, envs.fault()))))
+    # guidellm-slow-draft-<time>.json: `bench render` never takes it for the plain mode's latest run.
+    measuring = MeasuringRun.start(args, fault_named(plan.mode, envs.fault()))
     result = GuideLLMBench(plan, measuring.profile, **measuring.bench_options).run()
     measuring.write(result, markdown)
     print(result.verdict)

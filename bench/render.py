@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from kimi_eagle.bench.plots import Plot
-from kimi_eagle.bench.result import ModeResults
+from kimi_eagle.bench.result import ModeResults, fault_named
 from kimi_eagle.bench.subcommand import RESULTS_DIR, BenchError
 from kimi_eagle.loadtest.files import write_atomic
 
@@ -69,8 +69,7 @@ def latest(results: ModeResults, results_dir: Path, plots_dir: Path, fault: str 
     if not runs:
         made = f"KIMI_EAGLE_FAULT={fault} " if fault else ""
         raise BenchError(f"no results of `{made}kimi-eagle bench {results.mode}` in {results_dir} "
-                         f"({'-'.join(filter(None, (results.prefix, fault)))}-<time>.json): run it, or give "
-                         "--results DIR")
+                         f"({fault_named(results.prefix, fault)}-<time>.json): run it, or give --results DIR")
     try:
         result = results.load(runs[-1])
     except (OSError, ValueError) as exc:  # pydantic's errors are ValueErrors

@@ -161,6 +161,12 @@ class BenchResult(BaseModel):
     model_config = {"populate_by_name": True}
 
 
+def fault_named(name: str, fault: str | None) -> str:
+    """`name`, or `name-FAULT` for a run made with KIMI_EAGLE_FAULT=FAULT: a machine made one where drafting costs
+    is not this machine's figure, so such a run's files and plots are named apart from the plain mode's."""
+    return f"{name}-{fault}" if fault else name
+
+
 @dataclass(frozen=True)
 class ModeResults:
     """A mode's results files as `kimi-eagle bench render` reads them: `<prefix>-<YYYYmmdd-HHMMSS>.json` (a quick
@@ -176,7 +182,7 @@ class ModeResults:
     def runs(self, folder: Path, fault: str = "") -> list[Path]:
         """This mode's measured runs in `folder`, oldest first (the stamp in the name is the start time); with
         `fault`, those made with KIMI_EAGLE_FAULT=fault (`<prefix>-<fault>-<time>.json`) instead."""
-        prefix = "-".join(filter(None, (self.prefix, fault)))
+        prefix = fault_named(self.prefix, fault)
         name = re.compile(rf"{re.escape(prefix)}-\d{{8}}-\d{{6}}\.json")
         return sorted(p for p in folder.glob(f"{prefix}-*.json") if name.fullmatch(p.name))
 
